@@ -1,0 +1,112 @@
+//! The crate's error type: one enum with context in its fields, and a small
+//! `ErrorKind` the run loop and the CLI act on.
+
+use thiserror::Error;
+
+/// What the caller should do about an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The config or schema is wrong: fix it and start again.
+    BadConfig,
+    /// A record cannot be ingested (until rejects land, this stops the connector).
+    BadInput,
+    /// Another writer claimed a shard: this instance must stop acking.
+    Fenced,
+    /// Passing trouble (broker, storage, commit race): retrying may help.
+    Retry,
+    /// On-disk state is not what graphsink wrote or expects.
+    Corrupt,
+}
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("config: {0}")]
+    Config(String),
+    #[error("schema {path}: {message}")]
+    Schema { path: String, message: String },
+    #[error("incompatible graph at {root}: {message} (graphsink never migrates silently)")]
+    Incompatible { root: String, message: String },
+    #[error("cannot decode record {topic}/{partition}@{offset}: {reason}")]
+    Decode {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        reason: String,
+    },
+    #[error("shard {shard} of {table} (bucket {bucket}) was fenced: {reason}")]
+    Fenced {
+        table: String,
+        bucket: u32,
+        shard: uuid::Uuid,
+        reason: String,
+    },
+    #[error("graph commit conflict: head moved from {expected} to {found}")]
+    CommitConflict { expected: String, found: String },
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("lance ({context}): {source}")]
+    Lance {
+        context: String,
+        #[source]
+        source: lance::Error,
+    },
+    #[error("arrow ({context}): {source}")]
+    Arrow {
+        context: String,
+        #[source]
+        source: arrow_schema::ArrowError,
+    },
+    #[error("corrupt graph state: {0}")]
+    Corrupt(String),
+    #[error("failpoint {0} fired")]
+    Failpoint(&'static str),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn config(msg: impl Into<String>) -> Self {
+        Error::Config(msg.into())
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Config(_) | Error::Schema { .. } | Error::Incompatible { .. } => {
+                ErrorKind::BadConfig
+            }
+            Error::Decode { .. } => ErrorKind::BadInput,
+            Error::Fenced { .. } => ErrorKind::Fenced,
+            Error::CommitConflict { .. } | Error::Kafka(_) | Error::Failpoint(_) => {
+                ErrorKind::Retry
+            }
+            Error::Lance { source, .. } if source.fence_reason().is_some() => ErrorKind::Fenced,
+            Error::Lance { .. } | Error::Arrow { .. } | Error::Other(_) => ErrorKind::Retry,
+            Error::Corrupt(_) => ErrorKind::Corrupt,
+        }
+    }
+}
+
+/// Adds context to Lance and Arrow results without a closure at every call.
+pub trait Context<T> {
+    fn ctx(self, context: impl std::fmt::Display) -> Result<T>;
+}
+
+impl<T> Context<T> for std::result::Result<T, lance::Error> {
+    fn ctx(self, context: impl std::fmt::Display) -> Result<T> {
+        self.map_err(|source| Error::Lance {
+            context: context.to_string(),
+            source,
+        })
+    }
+}
+
+impl<T> Context<T> for std::result::Result<T, arrow_schema::ArrowError> {
+    fn ctx(self, context: impl std::fmt::Display) -> Result<T> {
+        self.map_err(|source| Error::Arrow {
+            context: context.to_string(),
+            source,
+        })
+    }
+}

@@ -1,0 +1,74 @@
+//! Named failpoints at each crash window. Armed by the environment variable
+//! `GRAPHSINK_FAILPOINTS="name=action,..."` (action `abort` kills the process
+//! on the spot, like `kill -9`; `error` returns an error) or by `arm` in
+//! tests. Unarmed, a failpoint costs one atomic load.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use crate::error::{Error, Result};
+
+/// After every table commit of a fold, before its graph commit is published.
+pub const FOLD_BEFORE_PUBLISH: &str = "fold.before_publish";
+/// After a fold's delete pass, before its upsert pass.
+pub const FOLD_BETWEEN_PASSES: &str = "fold.between_passes";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Abort,
+    Error,
+}
+
+static ANY_ARMED: AtomicBool = AtomicBool::new(false);
+static ARMED: OnceLock<Mutex<HashMap<String, Action>>> = OnceLock::new();
+
+fn armed() -> &'static Mutex<HashMap<String, Action>> {
+    ARMED.get_or_init(|| {
+        let mut map = HashMap::new();
+        if let Ok(spec) = std::env::var("GRAPHSINK_FAILPOINTS") {
+            for item in spec.split(',').filter(|s| !s.is_empty()) {
+                let (name, action) = item.split_once('=').unwrap_or((item, "abort"));
+                let action = if action == "error" {
+                    Action::Error
+                } else {
+                    Action::Abort
+                };
+                map.insert(name.to_string(), action);
+            }
+        }
+        if !map.is_empty() {
+            ANY_ARMED.store(true, Ordering::SeqCst);
+        }
+        Mutex::new(map)
+    })
+}
+
+/// Arms a failpoint in this process (tests).
+pub fn arm(name: &str, action: Action) {
+    armed()
+        .lock()
+        .expect("failpoints")
+        .insert(name.to_string(), action);
+    ANY_ARMED.store(true, Ordering::SeqCst);
+}
+
+pub fn disarm(name: &str) {
+    armed().lock().expect("failpoints").remove(name);
+}
+
+/// Passes unless `name` is armed.
+pub fn hit(name: &'static str) -> Result<()> {
+    if !ANY_ARMED.load(Ordering::Relaxed) && ARMED.get().is_some() {
+        return Ok(());
+    }
+    let action = armed().lock().expect("failpoints").get(name).copied();
+    match action {
+        None => Ok(()),
+        Some(Action::Error) => Err(Error::Failpoint(name)),
+        Some(Action::Abort) => {
+            eprintln!("graphsink: failpoint {name} fired: aborting");
+            std::process::abort()
+        }
+    }
+}

@@ -1,0 +1,564 @@
+//! The graph root: table layout, first-start init, compatibility checks, and
+//! the `__manifest` commit log (head, immutable commits, table versions).
+//! Publishing is a compare-and-swap on the head; it does not fold anything.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, Int64Array, RecordBatch, RecordBatchIterator, StringArray,
+    TimestampMillisecondArray, UInt64Array,
+};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use futures::TryStreamExt;
+use lance::dataset::mem_wal::DatasetMemWalExt;
+use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode, WriteParams};
+use lance::Dataset;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::error::{Context, Error, Result};
+use crate::schema::{same_columns, GraphSchema, GraphType, PK_METADATA};
+use crate::shards;
+
+pub const MANIFEST_TABLE: &str = "__manifest";
+const HEAD_ID: &str = "graph_head:main";
+const SCHEMA_ID: &str = "graph_schema";
+
+/// One published graph commit: a version of every table, and what the fold
+/// that produced it folded.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GraphCommit {
+    pub id: String,
+    pub seq: u64,
+    pub parent: Option<String>,
+    pub actor: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    /// Table path → pinned Lance version (every table of the graph).
+    pub tables: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub folded: Vec<FoldedShard>,
+    #[serde(default)]
+    pub offsets: Vec<OffsetRange>,
+    #[serde(default)]
+    pub stats: BTreeMap<String, TableStats>,
+}
+
+/// Generations `(after, upto]` of one shard merged by a commit.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FoldedShard {
+    pub table: String,
+    pub bucket: u32,
+    pub shard: uuid::Uuid,
+    pub after_generation: u64,
+    pub upto_generation: u64,
+}
+
+/// Source records a commit folded, per topic partition (inclusive bounds).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct OffsetRange {
+    pub topic: String,
+    pub partition: i32,
+    pub first: i64,
+    pub last: i64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TableStats {
+    pub upserted: u64,
+    pub deleted: u64,
+}
+
+/// Schema facts recorded at init, so later starts can explain a mismatch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SchemaRecord {
+    source: String,
+    buckets: BTreeMap<String, u32>,
+}
+
+/// An open graph root.
+#[derive(Clone)]
+pub struct Graph {
+    root: String,
+    pub schema: Arc<GraphSchema>,
+    /// Buckets N per table path.
+    pub buckets: BTreeMap<String, u32>,
+}
+
+impl Graph {
+    /// Opens the graph, creating it on first start; refuses an incompatible one.
+    pub async fn open_or_init(config: &Config, schema: GraphSchema) -> Result<Graph> {
+        let buckets = buckets_per_table(config, &schema)?;
+        let graph = Graph {
+            root: config.root_uri(),
+            schema: Arc::new(schema),
+            buckets,
+        };
+        match graph.open_manifest().await {
+            Ok(_) => graph.check_compatible().await?,
+            Err(e) if is_not_found(&e) => graph.init().await?,
+            Err(e) => return Err(e),
+        }
+        Ok(graph)
+    }
+
+    /// Opens an existing graph for reading (log, show) without a schema file.
+    pub async fn open_readonly(root: String) -> Result<Graph> {
+        let graph = Graph {
+            root,
+            schema: Arc::new(GraphSchema {
+                types: vec![],
+                source: String::new(),
+            }),
+            buckets: BTreeMap::new(),
+        };
+        graph.open_manifest().await.map_err(|e| {
+            if is_not_found(&e) {
+                Error::config(format!("no graph at {} (run graphsink first)", graph.root))
+            } else {
+                e
+            }
+        })?;
+        Ok(graph)
+    }
+
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    pub fn table_uri(&self, table: &str) -> String {
+        format!("{}/{}", self.root, table)
+    }
+
+    pub async fn open_table(&self, table: &str, version: Option<u64>) -> Result<Dataset> {
+        let uri = self.table_uri(table);
+        let ds = Dataset::open(&uri).await.ctx(format!("open {uri}"))?;
+        match version {
+            Some(v) if v != ds.version().version => ds
+                .checkout_version(v)
+                .await
+                .ctx(format!("open {uri} at version {v}")),
+            _ => Ok(ds),
+        }
+    }
+
+    async fn open_manifest(&self) -> Result<Dataset> {
+        self.open_table(MANIFEST_TABLE, None).await
+    }
+
+    /// Creates tables, MemWAL and shard manifests, then the init commit.
+    /// Each step tolerates having run before, so a crash mid-init is redone
+    /// on the next start; `__manifest` is written last and marks completion.
+    async fn init(&self) -> Result<()> {
+        tracing::info!(root = %self.root, "initialising graph");
+        let mut tables = BTreeMap::new();
+        for t in &self.schema.types {
+            let n = self.buckets[&t.table];
+            let ds = self.init_table(t, n).await?;
+            tables.insert(t.table.clone(), ds.version().version);
+        }
+        let record = SchemaRecord {
+            source: self.schema.source.clone(),
+            buckets: self.buckets.clone(),
+        };
+        let commit = GraphCommit {
+            id: new_commit_id(),
+            seq: 0,
+            parent: None,
+            actor: "graphsink init".into(),
+            created_at: now_ms(),
+            tables,
+            folded: vec![],
+            offsets: vec![],
+            stats: BTreeMap::new(),
+        };
+        let mut rows = ManifestRows::default();
+        rows.push_commit(&commit);
+        rows.push(ManifestRow {
+            object_id: SCHEMA_ID.into(),
+            kind: "graph_schema",
+            payload: Some(serde_json::to_string(&record).expect("serializable")),
+            ..Default::default()
+        });
+        let batch = rows.into_batch();
+        let schema = batch.schema();
+        let uri = self.table_uri(MANIFEST_TABLE);
+        let params = WriteParams {
+            mode: WriteMode::Create,
+            ..Default::default()
+        };
+        Dataset::write(
+            RecordBatchIterator::new(vec![Ok(batch)], schema),
+            &uri,
+            Some(params),
+        )
+        .await
+        .ctx(format!("create {uri}"))?;
+        Ok(())
+    }
+
+    async fn init_table(&self, t: &GraphType, buckets: u32) -> Result<Dataset> {
+        let uri = self.table_uri(&t.table);
+        let mut ds = match Dataset::open(&uri).await {
+            Ok(ds) => ds,
+            Err(e) if is_lance_not_found(&e) => {
+                let empty = RecordBatchIterator::new(vec![], t.table_schema.clone());
+                let params = WriteParams {
+                    mode: WriteMode::Create,
+                    ..Default::default()
+                };
+                Dataset::write(empty, &uri, Some(params))
+                    .await
+                    .ctx(format!("create {uri}"))?
+            }
+            Err(e) => return Err(e).ctx(format!("open {uri}")),
+        };
+        if ds.mem_wal_index_details().await.ctx(&uri)?.is_none() {
+            ds.initialize_mem_wal()
+                .bucket_sharding(crate::schema::ID, buckets)
+                .execute()
+                .await
+                .ctx(format!("initialise MemWAL on {uri}"))?;
+        }
+        shards::initialize_shards(&ds, &t.table, buckets).await?;
+        Ok(ds)
+    }
+
+    /// Refuses a graph whose tables, columns or bucket counts differ from
+    /// what the schema and config now ask for.
+    async fn check_compatible(&self) -> Result<()> {
+        let head = self.head().await?;
+        let incompatible = |message: String| Error::Incompatible {
+            root: self.root.clone(),
+            message,
+        };
+        let want: Vec<&str> = self.schema.types.iter().map(|t| t.table.as_str()).collect();
+        let have: Vec<&str> = head.tables.keys().map(String::as_str).collect();
+        let mut want_sorted = want.clone();
+        want_sorted.sort();
+        if want_sorted != have {
+            return Err(incompatible(format!(
+                "schema declares tables [{}] but the graph has [{}]",
+                want_sorted.join(", "),
+                have.join(", ")
+            )));
+        }
+        for t in &self.schema.types {
+            let ds = self
+                .open_table(&t.table, Some(head.tables[&t.table]))
+                .await?;
+            let actual: Schema = ds.schema().into();
+            same_columns(&t.table_schema, &actual)
+                .map_err(|m| incompatible(format!("{}: schema wants {m}", t.table)))?;
+            let details = ds
+                .mem_wal_index_details()
+                .await
+                .ctx(&t.table)?
+                .ok_or_else(|| incompatible(format!("{} has no MemWAL", t.table)))?;
+            let n = self.buckets[&t.table];
+            if details.num_shards != n {
+                return Err(incompatible(format!(
+                    "{} was created with {} buckets, config asks for {n}",
+                    t.table, details.num_shards
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn head(&self) -> Result<GraphCommit> {
+        let ds = self.open_manifest().await?;
+        self.head_at(&ds).await
+    }
+
+    async fn head_at(&self, ds: &Dataset) -> Result<GraphCommit> {
+        let head = read_rows(ds, &format!("object_id = '{HEAD_ID}'")).await?;
+        let id = head
+            .first()
+            .and_then(|r| r.commit_id.clone())
+            .ok_or_else(|| Error::Corrupt(format!("{}: no graph head", self.root)))?;
+        self.commit_at(ds, &id).await
+    }
+
+    pub async fn commit(&self, id: &str) -> Result<GraphCommit> {
+        let ds = self.open_manifest().await?;
+        self.commit_at(&ds, id).await
+    }
+
+    async fn commit_at(&self, ds: &Dataset, id: &str) -> Result<GraphCommit> {
+        let id = id.replace('\'', "");
+        let rows = read_rows(ds, &format!("object_id = 'graph_commit:{id}'")).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::config(format!("no graph commit {id}")))?;
+        parse_commit(row)
+    }
+
+    /// All commits, newest first.
+    pub async fn commits(&self) -> Result<Vec<GraphCommit>> {
+        let ds = self.open_manifest().await?;
+        let mut out: Vec<GraphCommit> = read_rows(&ds, "kind = 'graph_commit'")
+            .await?
+            .iter()
+            .map(parse_commit)
+            .collect::<Result<_>>()?;
+        out.sort_by(|a, b| b.seq.cmp(&a.seq));
+        Ok(out)
+    }
+
+    /// Publishes `commit` as the new head if the head is still its parent.
+    /// Lance's merge-insert runs with no conflict retries, so a publisher
+    /// racing on the head row loses with a conflict instead of overwriting.
+    pub async fn publish(&self, commit: &GraphCommit) -> Result<()> {
+        let ds = self.open_manifest().await?;
+        self.publish_on(ds, commit).await
+    }
+
+    /// `publish` against `__manifest` as of `version`, as a publisher that
+    /// read the head there would. Lets tests race two publishers exactly.
+    #[doc(hidden)]
+    pub async fn publish_from_version(&self, version: u64, commit: &GraphCommit) -> Result<()> {
+        let ds = self.open_table(MANIFEST_TABLE, Some(version)).await?;
+        self.publish_on(ds, commit).await
+    }
+
+    /// The manifest's current version (tests).
+    #[doc(hidden)]
+    pub async fn manifest_version(&self) -> Result<u64> {
+        Ok(self.open_manifest().await?.version().version)
+    }
+
+    async fn publish_on(&self, ds: Dataset, commit: &GraphCommit) -> Result<()> {
+        let head = self.head_at(&ds).await?;
+        if Some(&head.id) != commit.parent.as_ref() {
+            return Err(Error::CommitConflict {
+                expected: commit.parent.clone().unwrap_or_default(),
+                found: head.id,
+            });
+        }
+        let mut rows = ManifestRows::default();
+        rows.push_commit(commit);
+        let batch = rows.into_batch();
+        let mut b =
+            MergeInsertBuilder::try_new(Arc::new(ds), vec!["object_id".into()]).ctx("publish")?;
+        b.when_matched(WhenMatched::UpdateAll)
+            .when_not_matched(WhenNotMatched::InsertAll)
+            .conflict_retries(0);
+        let job = b.try_build().ctx("publish")?;
+        job.execute_reader(RecordBatchIterator::new(
+            vec![Ok(batch.clone())],
+            batch.schema(),
+        ))
+        .await
+        .map_err(|e| {
+            if is_commit_conflict(&e) {
+                Error::CommitConflict {
+                    expected: head.id.clone(),
+                    found: "a concurrent publish".into(),
+                }
+            } else {
+                Error::Lance {
+                    context: "publish graph commit".into(),
+                    source: e,
+                }
+            }
+        })?;
+        Ok(())
+    }
+}
+
+fn buckets_per_table(config: &Config, schema: &GraphSchema) -> Result<BTreeMap<String, u32>> {
+    let mut out = BTreeMap::new();
+    for t in &schema.types {
+        out.insert(t.table.clone(), config.wal.buckets);
+    }
+    for (i, m) in config.mappings.iter().enumerate() {
+        let t = schema.get(&m.node).ok_or_else(|| {
+            Error::config(format!(
+                "mapping[{i}].node: type {:?} is not in the schema (types: {})",
+                m.node,
+                schema
+                    .types
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        out.insert(t.table.clone(), config.buckets_for(m));
+    }
+    Ok(out)
+}
+
+pub fn new_commit_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn is_not_found(e: &Error) -> bool {
+    matches!(e, Error::Lance { source, .. } if is_lance_not_found(source))
+}
+
+fn is_lance_not_found(e: &lance::Error) -> bool {
+    matches!(
+        e,
+        lance::Error::DatasetNotFound { .. } | lance::Error::NotFound { .. }
+    )
+}
+
+fn is_commit_conflict(e: &lance::Error) -> bool {
+    matches!(
+        e,
+        lance::Error::CommitConflict { .. }
+            | lance::Error::RetryableCommitConflict { .. }
+            | lance::Error::TooMuchWriteContention { .. }
+    )
+}
+
+#[derive(Debug, Default, Clone)]
+struct ManifestRow {
+    object_id: String,
+    kind: &'static str,
+    commit_id: Option<String>,
+    seq: Option<i64>,
+    table_name: Option<String>,
+    table_version: Option<u64>,
+    created_at: Option<i64>,
+    payload: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct ManifestRows(Vec<ManifestRow>);
+
+impl ManifestRows {
+    fn push(&mut self, r: ManifestRow) {
+        self.0.push(r);
+    }
+
+    /// The head pointer, the immutable commit row, and one row per table version.
+    fn push_commit(&mut self, c: &GraphCommit) {
+        let base = ManifestRow {
+            commit_id: Some(c.id.clone()),
+            seq: Some(c.seq as i64),
+            created_at: Some(c.created_at),
+            ..Default::default()
+        };
+        self.push(ManifestRow {
+            object_id: HEAD_ID.into(),
+            kind: "graph_head",
+            ..base.clone()
+        });
+        self.push(ManifestRow {
+            object_id: format!("graph_commit:{}", c.id),
+            kind: "graph_commit",
+            payload: Some(serde_json::to_string(c).expect("serializable")),
+            ..base.clone()
+        });
+        for (table, version) in &c.tables {
+            self.push(ManifestRow {
+                object_id: format!("table_version:{table}:{version}"),
+                kind: "table_version",
+                table_name: Some(table.clone()),
+                table_version: Some(*version),
+                ..base.clone()
+            });
+        }
+    }
+
+    fn into_batch(self) -> RecordBatch {
+        let r = &self.0;
+        let strs = |f: &dyn Fn(&ManifestRow) -> Option<&str>| -> ArrayRef {
+            Arc::new(r.iter().map(f).collect::<StringArray>())
+        };
+        let cols: Vec<ArrayRef> = vec![
+            strs(&|x| Some(x.object_id.as_str())),
+            strs(&|x| Some(x.kind)),
+            strs(&|x| x.commit_id.as_deref()),
+            Arc::new(r.iter().map(|x| x.seq).collect::<Int64Array>()),
+            strs(&|x| x.table_name.as_deref()),
+            Arc::new(r.iter().map(|x| x.table_version).collect::<UInt64Array>()),
+            Arc::new(
+                r.iter()
+                    .map(|x| x.created_at)
+                    .collect::<TimestampMillisecondArray>()
+                    .with_timezone("UTC"),
+            ),
+            strs(&|x| x.payload.as_deref()),
+        ];
+        RecordBatch::try_new(manifest_schema(), cols).expect("manifest columns match")
+    }
+}
+
+fn manifest_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("object_id", DataType::Utf8, false)
+            .with_metadata([(PK_METADATA.to_string(), "true".to_string())].into()),
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("commit_id", DataType::Utf8, true),
+        Field::new("seq", DataType::Int64, true),
+        Field::new("table_name", DataType::Utf8, true),
+        Field::new("table_version", DataType::UInt64, true),
+        Field::new(
+            "created_at",
+            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new("payload", DataType::Utf8, true),
+    ]))
+}
+
+async fn read_rows(ds: &Dataset, filter: &str) -> Result<Vec<ManifestRow>> {
+    let mut scan = ds.scan();
+    scan.filter(filter).ctx("manifest filter")?;
+    scan.project(&["object_id", "commit_id", "payload"])
+        .ctx("manifest projection")?;
+    let batches: Vec<RecordBatch> = scan
+        .try_into_stream()
+        .await
+        .ctx("scan __manifest")?
+        .try_collect()
+        .await
+        .ctx("scan __manifest")?;
+    let mut out = Vec::new();
+    for b in batches {
+        let col = |name: &str| -> Result<&StringArray> {
+            b.column_by_name(name)
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+                .ok_or_else(|| Error::Corrupt(format!("__manifest lacks column {name}")))
+        };
+        let (ids, commits, payloads) = (col("object_id")?, col("commit_id")?, col("payload")?);
+        for i in 0..b.num_rows() {
+            let opt = |a: &StringArray| (!a.is_null(i)).then(|| a.value(i).to_string());
+            out.push(ManifestRow {
+                object_id: ids.value(i).to_string(),
+                commit_id: opt(commits),
+                payload: opt(payloads),
+                ..Default::default()
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn parse_commit(row: &ManifestRow) -> Result<GraphCommit> {
+    let payload = row
+        .payload
+        .as_deref()
+        .ok_or_else(|| Error::Corrupt(format!("{} has no payload", row.object_id)))?;
+    serde_json::from_str(payload)
+        .map_err(|e| Error::Corrupt(format!("{}: unreadable commit: {e}", row.object_id)))
+}
+
+/// Row counts of every table at a commit (for `graphsink show`).
+pub async fn row_counts(graph: &Graph, commit: &GraphCommit) -> Result<HashMap<String, usize>> {
+    let mut out = HashMap::new();
+    for (table, version) in &commit.tables {
+        let ds = graph.open_table(table, Some(*version)).await?;
+        out.insert(table.clone(), ds.count_rows(None).await.ctx(table)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,23 @@
+//! graphsink: a Kafka sink connector for typed property graphs on Lance.
+//!
+//! Data flows one way: `consumer` → `decode` → `shards` (WAL) → `offsets`
+//! → commits to Kafka; `fold` reads flushed WAL generations and writes graph
+//! commits through `graph`. `pipeline::run` is the whole connector; the
+//! binary is a thin CLI over this library.
+
+pub mod cli;
+pub mod config;
+pub mod consumer;
+pub mod decode;
+pub mod error;
+pub mod failpoints;
+pub mod fold;
+pub mod graph;
+pub mod offsets;
+pub mod pipeline;
+pub mod schema;
+pub mod shards;
+
+pub use config::Config;
+pub use error::{Error, ErrorKind, Result};
+pub use pipeline::{run, run_with, RunOptions, RunStats, RunSummary};

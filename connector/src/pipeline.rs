@@ -1,0 +1,419 @@
+//! The run loop: consume a poll → decode per mapping → put into shards
+//! without waiting → queue the poll's durability in poll order → advance
+//! watermarks → commit. It also serves the fold loop's freeze cuts, between
+//! polls, so a cut never splits a poll.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
+use rdkafka::consumer::CommitMode;
+use rdkafka::message::{BorrowedMessage, Message};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::consumer::{self, Committable, GroupConsumer, GroupEvent};
+use crate::decode::{RecordDecoder, SourceRecord};
+use crate::error::{Error, Result};
+use crate::fold::{self, CutRequest, FoldLoop, FreezeCut};
+use crate::graph::{Graph, GraphCommit};
+use crate::offsets::{DurableWatermarks, PollAck, TopicPartition, WrittenSpans};
+use crate::schema::GraphSchema;
+use crate::shards::{PendingWrite, ShardPool};
+
+/// Knobs of one run that are not part of the config file.
+#[derive(Clone, Default)]
+pub struct RunOptions {
+    /// Stop once every assigned partition is durable and committed up to the
+    /// end offsets seen at assignment (like kafka-delta-ingest's `-e`).
+    pub exit_at_end: bool,
+    /// Notified to fold now (operators: SIGUSR1; tests).
+    pub fold_now: Option<Arc<Notify>>,
+    /// Receives every graph commit the fold loop publishes.
+    pub published: Option<watch::Sender<Option<GraphCommit>>>,
+    /// Live counters, shared with the caller.
+    pub stats: Option<Arc<RunStats>>,
+}
+
+/// Counters a running connector keeps up to date.
+#[derive(Debug, Default)]
+pub struct RunStats {
+    /// Records taken from Kafka and written (not yet durable) to the WAL.
+    pub consumed: AtomicU64,
+    /// Records whose poll became durable.
+    pub durable: AtomicU64,
+    /// Successful offset commits.
+    pub commits: AtomicU64,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Default, Clone)]
+pub struct RunSummary {
+    pub records: u64,
+    pub committed: BTreeMap<TopicPartition, i64>,
+}
+
+/// Runs the connector until `shutdown` is cancelled, then drains: stops
+/// fetching, awaits in-flight durability, commits, closes the writers.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<RunSummary> {
+    run_with(config, RunOptions::default(), shutdown).await
+}
+
+pub async fn run_with(
+    config: Config,
+    options: RunOptions,
+    shutdown: CancellationToken,
+) -> Result<RunSummary> {
+    let schema = GraphSchema::load(&config.schema_path())?;
+    let graph = Graph::open_or_init(&config, schema).await?;
+    fold::recover(&graph).await?;
+
+    let mut decoders = HashMap::new();
+    for m in &config.mappings {
+        let ty = graph.schema.get(&m.node).expect("checked by open_or_init");
+        decoders.insert(
+            m.topic.clone(),
+            RecordDecoder::new(ty, m, config.wal.max_poll_records)?,
+        );
+    }
+    let tables: Vec<String> = graph.schema.types.iter().map(|t| t.table.clone()).collect();
+    let pool = ShardPool::open(&graph, &config.wal, &tables).await?;
+
+    let committable: Committable = Default::default();
+    let (kafka, events) = consumer::subscribe(&config, committable.clone())?;
+
+    let (cut_tx, cut_rx) = mpsc::channel(1);
+    let wake = options.fold_now.clone().unwrap_or_default();
+    let fold_stop = CancellationToken::new();
+    let published = options
+        .published
+        .clone()
+        .unwrap_or_else(|| watch::channel(None).0);
+    let fold_task = tokio::spawn(
+        FoldLoop {
+            graph: graph.clone(),
+            interval: config.fold.interval,
+            actor: config.graph.actor.clone(),
+            cuts: cut_tx,
+            wake: wake.clone(),
+            stop: fold_stop.clone(),
+            final_fold: config.fold.on_shutdown,
+            published,
+        }
+        .run(),
+    );
+
+    let mut run = RunLoop {
+        config: &config,
+        options: &options,
+        events,
+        decoders,
+        pool,
+        committable,
+        marks: DurableWatermarks::default(),
+        spans: WrittenSpans::default(),
+        in_flight: FuturesOrdered::new(),
+        assigned: BTreeSet::new(),
+        end_targets: None,
+        pending_rows: 0,
+        pending_bytes: 0,
+        wake,
+        stats: options.stats.clone().unwrap_or_default(),
+        summary: RunSummary::default(),
+    };
+    let mut cut_rx = cut_rx;
+    let mut fold_task = fold_task;
+    let result = run
+        .serve(&kafka, &shutdown, &mut cut_rx, &mut fold_task, &fold_stop)
+        .await;
+    let summary = match result {
+        Ok(()) => run.drain(kafka, cut_rx, fold_task, fold_stop).await?,
+        Err(e) => {
+            // Nothing more is acked after a failure: no drain, no commit.
+            fold_stop.cancel();
+            tracing::error!(error = %e, "stopping without committing further");
+            return Err(e);
+        }
+    };
+    Ok(summary)
+}
+
+type AckFuture = BoxFuture<'static, Result<PollAck>>;
+
+struct RunLoop<'a> {
+    config: &'a Config,
+    options: &'a RunOptions,
+    events: mpsc::UnboundedReceiver<GroupEvent>,
+    decoders: HashMap<String, RecordDecoder>,
+    pool: ShardPool,
+    committable: Committable,
+    marks: DurableWatermarks,
+    /// Offsets written since the last freeze cut.
+    spans: WrittenSpans,
+    /// Durability of each poll, resolved in poll order (the ordered
+    /// finalizer that keeps watermarks contiguous).
+    in_flight: FuturesOrdered<AckFuture>,
+    assigned: BTreeSet<TopicPartition>,
+    /// End offsets to reach, for `exit_at_end`.
+    end_targets: Option<BTreeMap<TopicPartition, i64>>,
+    pending_rows: u64,
+    pending_bytes: u64,
+    wake: Arc<Notify>,
+    stats: Arc<RunStats>,
+    summary: RunSummary,
+}
+
+impl RunLoop<'_> {
+    async fn serve(
+        &mut self,
+        kafka: &GroupConsumer,
+        shutdown: &CancellationToken,
+        cuts: &mut mpsc::Receiver<CutRequest>,
+        fold_task: &mut tokio::task::JoinHandle<Result<()>>,
+        fold_stop: &CancellationToken,
+    ) -> Result<()> {
+        let mut commit_tick = tokio::time::interval(self.config.offsets.commit_interval);
+        commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut end_check = tokio::time::interval(Duration::from_millis(200));
+        let max_in_flight = self.config.wal.max_in_flight_polls;
+        loop {
+            // Priority: shutdown, then control (fold loop, rebalance, acks),
+            // then data, then timers.
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                joined = &mut *fold_task => {
+                    return match joined {
+                        Ok(Ok(())) if fold_stop.is_cancelled() => Ok(()),
+                        Ok(Ok(())) => Err(Error::Other("fold loop ended unexpectedly".into())),
+                        Ok(Err(e)) => Err(e),
+                        Err(e) => Err(Error::Other(format!("fold loop panicked: {e}"))),
+                    };
+                }
+                Some(req) = cuts.recv() => self.cut(req).await,
+                Some(ev) = self.events.recv() => self.on_group_event(ev),
+                Some(ack) = self.in_flight.next(), if !self.in_flight.is_empty() => {
+                    self.on_ack(ack?);
+                }
+                msg = kafka.recv(), if self.in_flight.len() < max_in_flight => {
+                    match msg {
+                        Ok(first) => {
+                            let ack = self.process_poll(kafka, first).await?;
+                            self.in_flight.push_back(ack);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "consumer error; librdkafka retries");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+                _ = commit_tick.tick() => self.commit(kafka, CommitMode::Async)?,
+                _ = end_check.tick(), if self.options.exit_at_end => {
+                    if self.at_end(kafka)? {
+                        tracing::info!("all assigned partitions are durable up to their end offsets");
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes whatever the consumer already holds, up to the poll limit, as
+    /// one poll, and starts its WAL writes. Returns the poll's durability.
+    async fn process_poll(
+        &mut self,
+        kafka: &GroupConsumer,
+        first: BorrowedMessage<'_>,
+    ) -> Result<AckFuture> {
+        let limit = self.config.wal.max_poll_records;
+        let mut msgs = vec![first];
+        while msgs.len() < limit {
+            match kafka.recv().now_or_never() {
+                Some(Ok(m)) => msgs.push(m),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "consumer error inside a poll");
+                    break;
+                }
+                None => break,
+            }
+        }
+        let mut by_topic: BTreeMap<&str, Vec<SourceRecord>> = BTreeMap::new();
+        let mut ack = PollAck::default();
+        for m in &msgs {
+            let r = SourceRecord {
+                topic: m.topic(),
+                partition: m.partition(),
+                offset: m.offset(),
+                timestamp: m.timestamp().to_millis(),
+                key: m.key(),
+                value: m.payload(),
+            };
+            ack.record(r.topic, r.partition, r.offset);
+            self.spans.record(r.topic, r.partition, r.offset);
+            self.pending_bytes += r.value.map_or(0, |v| v.len() as u64);
+            by_topic.entry(r.topic).or_default().push(r);
+        }
+        let mut writes: Vec<PendingWrite> = Vec::new();
+        for (topic, records) in by_topic {
+            let decoder = self
+                .decoders
+                .get_mut(topic)
+                .ok_or_else(|| Error::Other(format!("record from unmapped topic {topic}")))?;
+            let decoded = decoder.decode(&records)?;
+            let table = &decoder.graph_type().table;
+            let shards = &self.pool.tables[table];
+            if let Some(rows) = decoded.upserts {
+                self.pending_rows += rows.num_rows() as u64;
+                writes.extend(shards.put(rows).await?);
+            }
+            if let Some(keys) = decoded.deletes {
+                self.pending_rows += keys.num_rows() as u64;
+                writes.extend(shards.delete(keys).await?);
+            }
+        }
+        self.summary.records += msgs.len() as u64;
+        self.stats
+            .consumed
+            .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        let fold = &self.config.fold;
+        if self.pending_rows >= fold.max_pending_rows
+            || self.pending_bytes >= fold.max_pending_bytes
+        {
+            self.wake.notify_one();
+        }
+        Ok(async move {
+            for w in writes {
+                w.wait().await?;
+            }
+            Ok(ack)
+        }
+        .boxed())
+    }
+
+    fn on_ack(&mut self, mut ack: PollAck) {
+        // Acks of partitions revoked meanwhile belong to the next owner.
+        self.stats
+            .durable
+            .fetch_add(ack.records as u64, Ordering::Relaxed);
+        ack.high.retain(|tp, _| self.assigned.contains(tp));
+        self.marks.apply(&ack);
+        let mut shared = self.committable.lock().expect("committable");
+        for tp in ack.high.keys() {
+            if let Some(n) = self.marks.next(tp) {
+                shared.insert(tp.clone(), n);
+            }
+        }
+    }
+
+    fn on_group_event(&mut self, ev: GroupEvent) {
+        match ev {
+            GroupEvent::Assigned(tps) => {
+                tracing::info!(partitions = tps.len(), "assigned");
+                self.assigned.extend(tps);
+                self.end_targets = None;
+            }
+            GroupEvent::Revoked(tps) => {
+                tracing::info!(partitions = tps.len(), "revoked");
+                let mut shared = self.committable.lock().expect("committable");
+                for tp in tps {
+                    self.assigned.remove(&tp);
+                    self.marks.forget(&tp);
+                    shared.remove(&tp);
+                }
+                self.end_targets = None;
+            }
+        }
+    }
+
+    /// Freezes every memtable between polls and hands the cut to the fold.
+    async fn cut(&mut self, req: CutRequest) {
+        let result = self.pool.freeze_all().await.map(|frozen| FreezeCut {
+            frozen,
+            spans: self.spans.take(),
+        });
+        self.pending_rows = 0;
+        self.pending_bytes = 0;
+        let _ = req.send(result);
+    }
+
+    fn commit(&mut self, kafka: &GroupConsumer, mode: CommitMode) -> Result<()> {
+        let todo: Vec<_> = self
+            .marks
+            .uncommitted()
+            .into_iter()
+            .filter(|(tp, _)| self.assigned.contains(tp))
+            .collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        match consumer::commit(kafka, &todo, mode) {
+            Ok(()) => {
+                self.marks.mark_committed(&todo);
+                self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) if matches!(mode, CommitMode::Async) => {
+                tracing::warn!(error = %e, "async commit failed; retrying next tick");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn at_end(&mut self, kafka: &GroupConsumer) -> Result<bool> {
+        if self.assigned.is_empty() || !self.in_flight.is_empty() {
+            return Ok(false);
+        }
+        let parts: Vec<TopicPartition> = self.assigned.iter().cloned().collect();
+        if self.end_targets.is_none() {
+            let ends = consumer::end_offsets(kafka, &parts)?;
+            let committed = consumer::committed(kafka, &parts)?;
+            // Partitions already committed to their end need nothing from us.
+            let targets = ends
+                .into_iter()
+                .filter(|(tp, end)| committed.get(tp).copied().unwrap_or(0) < *end)
+                .collect();
+            self.end_targets = Some(targets);
+        }
+        let targets = self.end_targets.as_ref().expect("set above");
+        Ok(targets
+            .iter()
+            .all(|(tp, end)| self.marks.next(tp).is_some_and(|n| n >= *end)))
+    }
+
+    /// Awaits in-flight durability, commits synchronously, lets the fold
+    /// loop finish (with its final fold), closes writers.
+    async fn drain(
+        mut self,
+        kafka: GroupConsumer,
+        mut cuts: mpsc::Receiver<CutRequest>,
+        mut fold_task: tokio::task::JoinHandle<Result<()>>,
+        fold_stop: CancellationToken,
+    ) -> Result<RunSummary> {
+        while let Some(ack) = self.in_flight.next().await {
+            let ack = ack?;
+            self.on_ack(ack);
+        }
+        self.commit(&kafka, CommitMode::Sync)?;
+        fold_stop.cancel();
+        loop {
+            tokio::select! {
+                Some(req) = cuts.recv() => self.cut(req).await,
+                joined = &mut fold_task => {
+                    joined.map_err(|e| Error::Other(format!("fold loop panicked: {e}")))??;
+                    break;
+                }
+            }
+        }
+        self.summary.committed = self.marks.all().into_iter().collect();
+        // Leave the group before closing writers so partitions move on promptly.
+        drop(kafka);
+        self.pool.close().await?;
+        Ok(self.summary)
+    }
+}

@@ -1,0 +1,275 @@
+//! The graph schema: `.pg` → types, table names and Arrow schemas, via
+//! omnigraph-compiler. Owns the column layout of every graph table; does not
+//! touch storage.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use omnigraph_compiler::types::ScalarType;
+
+use crate::error::{Error, Result};
+
+pub const ID: &str = "id";
+pub const SRC_TOPIC: &str = "_src_topic";
+pub const SRC_PARTITION: &str = "_src_partition";
+pub const SRC_OFFSET: &str = "_src_offset";
+pub const SRC_TIMESTAMP: &str = "_src_timestamp";
+
+/// Arrow field metadata that marks Lance's (unenforced) primary key.
+pub const PK_METADATA: &str = "lance-schema:unenforced-primary-key";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TypeKind {
+    Node,
+    Edge,
+}
+
+/// One graph type and the table that stores it.
+#[derive(Debug, Clone)]
+pub struct GraphType {
+    pub name: String,
+    pub kind: TypeKind,
+    /// Table path under the graph root: `nodes/<Type>` or `edges/<Type>`.
+    pub table: String,
+    /// `@key` property names in declaration order (nodes only).
+    pub key: Vec<String>,
+    /// The properties as the JSON value carries them (no `id`, no provenance).
+    pub properties: SchemaRef,
+    /// The full table schema: `id` (primary key) + properties + provenance.
+    pub table_schema: SchemaRef,
+}
+
+/// The parsed schema: every type, in a stable order (nodes before edges,
+/// then by name) so folds and listings are deterministic.
+#[derive(Debug, Clone)]
+pub struct GraphSchema {
+    pub types: Vec<GraphType>,
+    /// The `.pg` source, kept so a graph records what it was created from.
+    pub source: String,
+}
+
+impl GraphSchema {
+    pub fn load(path: &std::path::Path) -> Result<GraphSchema> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Schema {
+            path: path.display().to_string(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn parse(text: &str, path: &str) -> Result<GraphSchema> {
+        let ast =
+            omnigraph_compiler::schema::parser::parse_schema_diagnostic(text).map_err(|d| {
+                let at = d
+                    .span
+                    .map(|s| {
+                        let (line, col) = line_col(text, s.start);
+                        format!("line {line}, column {col}: ")
+                    })
+                    .unwrap_or_default();
+                Error::Schema {
+                    path: path.into(),
+                    message: format!("{at}{}", d.message.replace('\n', " ")),
+                }
+            })?;
+        let catalog = omnigraph_compiler::build_catalog(&ast).map_err(|e| Error::Schema {
+            path: path.into(),
+            message: e.to_string().replace('\n', " "),
+        })?;
+
+        let mut types = Vec::new();
+        let mut nodes: Vec<_> = catalog.node_types.values().collect();
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        for n in nodes {
+            let key = n.key.clone().ok_or_else(|| Error::Schema {
+                path: path.into(),
+                message: format!(
+                    "node {} has no @key: graphsink derives node ids from it",
+                    n.name
+                ),
+            })?;
+            for k in &key {
+                let t = &n.properties[k];
+                if t.list || matches!(t.scalar, ScalarType::Vector(_) | ScalarType::Blob) {
+                    return Err(Error::Schema {
+                        path: path.into(),
+                        message: format!("node {}: @key property {k} must be a scalar", n.name),
+                    });
+                }
+            }
+            types.push(GraphType::new(
+                &n.name,
+                TypeKind::Node,
+                key,
+                &n.arrow_schema,
+            ));
+        }
+        let mut edges: Vec<_> = catalog.edge_types.values().collect();
+        edges.sort_by(|a, b| a.name.cmp(&b.name));
+        for e in edges {
+            types.push(GraphType::new(
+                &e.name,
+                TypeKind::Edge,
+                vec![],
+                &e.arrow_schema,
+            ));
+        }
+        Ok(GraphSchema {
+            types,
+            source: text.to_string(),
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&GraphType> {
+        self.types.iter().find(|t| t.name == name)
+    }
+
+    pub fn by_table(&self) -> HashMap<&str, &GraphType> {
+        self.types.iter().map(|t| (t.table.as_str(), t)).collect()
+    }
+}
+
+impl GraphType {
+    fn new(name: &str, kind: TypeKind, key: Vec<String>, catalog_schema: &Schema) -> GraphType {
+        // The catalog schema is `id` (+ `src`, `dst` for edges) + properties.
+        let reserved: &[&str] = match kind {
+            TypeKind::Node => &[ID],
+            TypeKind::Edge => &[ID, "src", "dst"],
+        };
+        let props: Vec<Field> = catalog_schema
+            .fields()
+            .iter()
+            .filter(|f| !reserved.contains(&f.name().as_str()))
+            .map(|f| f.as_ref().clone())
+            .collect();
+        let mut fields = vec![Field::new(ID, DataType::Utf8, false)
+            .with_metadata([(PK_METADATA.to_string(), "true".to_string())].into())];
+        if kind == TypeKind::Edge {
+            fields.push(Field::new("src", DataType::Utf8, false));
+            fields.push(Field::new("dst", DataType::Utf8, false));
+        }
+        fields.extend(props.iter().cloned());
+        fields.extend(provenance_fields());
+        let dir = match kind {
+            TypeKind::Node => "nodes",
+            TypeKind::Edge => "edges",
+        };
+        GraphType {
+            name: name.to_string(),
+            kind,
+            table: format!("{dir}/{name}"),
+            key,
+            properties: Arc::new(Schema::new(props)),
+            table_schema: Arc::new(Schema::new(fields)),
+        }
+    }
+}
+
+pub fn provenance_fields() -> Vec<Field> {
+    vec![
+        Field::new(SRC_TOPIC, DataType::Utf8, false),
+        Field::new(SRC_PARTITION, DataType::Int32, false),
+        Field::new(SRC_OFFSET, DataType::Int64, false),
+        Field::new(
+            SRC_TIMESTAMP,
+            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            true,
+        ),
+    ]
+}
+
+/// Compares column layouts (names, types, nullability), ignoring metadata.
+pub fn same_columns(a: &Schema, b: &Schema) -> std::result::Result<(), String> {
+    if a.fields().len() != b.fields().len() {
+        let names = |s: &Schema| {
+            s.fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(format!("columns [{}] vs [{}]", names(a), names(b)));
+    }
+    for (x, y) in a.fields().iter().zip(b.fields()) {
+        if x.name() != y.name()
+            || x.data_type() != y.data_type()
+            || x.is_nullable() != y.is_nullable()
+        {
+            return Err(format!(
+                "column {}: {}{} vs {}: {}{}",
+                x.name(),
+                x.data_type(),
+                if x.is_nullable() { "?" } else { "" },
+                y.name(),
+                y.data_type(),
+                if y.is_nullable() { "?" } else { "" },
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn line_col(text: &str, byte: usize) -> (usize, usize) {
+    let upto = &text[..byte.min(text.len())];
+    let line = upto.matches('\n').count() + 1;
+    let col = upto
+        .rsplit('\n')
+        .next()
+        .map(|l| l.chars().count())
+        .unwrap_or(0)
+        + 1;
+    (line, col)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_table_layout() {
+        let s = GraphSchema::parse(
+            "node Person { name: String @key  age: I32? }\nnode M { t: String  s: U32  @key(t, s) }",
+            "x.pg",
+        )
+        .unwrap();
+        let p = s.get("Person").unwrap();
+        assert_eq!(p.table, "nodes/Person");
+        assert_eq!(p.key, vec!["name"]);
+        let names: Vec<_> = p
+            .table_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "id",
+                "name",
+                "age",
+                SRC_TOPIC,
+                SRC_PARTITION,
+                SRC_OFFSET,
+                SRC_TIMESTAMP
+            ]
+        );
+        assert_eq!(s.get("M").unwrap().key, vec!["t", "s"]);
+    }
+
+    #[test]
+    fn parse_error_names_the_line() {
+        let e = GraphSchema::parse("node A { a: String @key }\nnode B { b: Strin }", "x.pg")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn node_without_key_is_refused() {
+        let e = GraphSchema::parse("node A { a: String }", "x.pg")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("@key"), "{e}");
+    }
+}

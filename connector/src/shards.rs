@@ -1,0 +1,316 @@
+//! Shards: deterministic shard ids, routing rows with Lance's own sharding
+//! spec, and the pool of one `ShardWriter` per (table, bucket). Does not
+//! decide when anything is acknowledged; it hands back durability watchers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use arrow::array::{Array, Int32Array, RecordBatch};
+use arrow::compute::filter_record_batch;
+use lance::dataset::mem_wal::{
+    evaluate_sharding_spec, BatchDurableWatcher, DatasetMemWalExt, FreezeFence, ShardManifestStore,
+    ShardWriter, ShardWriterConfig,
+};
+use lance::Dataset;
+use lance_index::mem_wal::{ShardManifest, ShardingSpec};
+use uuid::Uuid;
+
+use crate::config::WalSettings;
+use crate::error::{Context, Error, Result};
+use crate::graph::Graph;
+
+/// Namespace of graphsink's name-based shard ids.
+const SHARD_NAMESPACE: Uuid = Uuid::from_u128(0x6772_6170_6873_696e_6b00_0000_0000_0001);
+const MANIFEST_SCAN_BATCH: usize = 2;
+
+/// The shard id of `bucket` of `table`: the same on every machine and start,
+/// so a key keeps its shard for life (DESIGN.md invariant 4).
+pub fn shard_id(table: &str, bucket: u32) -> Uuid {
+    Uuid::new_v5(
+        &SHARD_NAMESPACE,
+        format!("graphsink:{table}:{bucket}").as_bytes(),
+    )
+}
+
+pub async fn manifest_store(ds: &Dataset, shard: Uuid) -> Result<ShardManifestStore> {
+    let store = ds.object_store(None).await.ctx("object store")?;
+    Ok(ShardManifestStore::new(
+        store,
+        &ds.branch_location().path,
+        shard,
+        MANIFEST_SCAN_BATCH,
+    ))
+}
+
+/// Records each shard's bucket in its manifest before any writer opens it.
+pub async fn initialize_shards(ds: &Dataset, table: &str, buckets: u32) -> Result<()> {
+    for b in 0..buckets {
+        let id = shard_id(table, b);
+        let store = manifest_store(ds, id).await?;
+        if store.latest().await.ctx(table)?.is_none() {
+            let values = HashMap::from([("bucket".to_string(), (b as i32).to_le_bytes().to_vec())]);
+            store
+                .initialize_shard(1, values)
+                .await
+                .ctx(format!("initialise shard {b} of {table}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The latest manifest of a shard as stored (not a writer's cached view).
+pub async fn latest_manifest(ds: &Dataset, shard: Uuid) -> Result<Option<ShardManifest>> {
+    manifest_store(ds, shard)
+        .await?
+        .refresh_latest()
+        .await
+        .ctx(format!("read manifest of shard {shard}"))
+}
+
+/// One open writer and where it belongs.
+pub struct Shard {
+    pub table: String,
+    pub bucket: u32,
+    pub writer: Arc<ShardWriter>,
+}
+
+/// The writers of one table plus what routing needs.
+pub struct TableShards {
+    pub table: String,
+    spec: ShardingSpec,
+    lance_schema: lance_core::datatypes::Schema,
+    pub shards: Vec<Shard>,
+}
+
+/// Every writer this process holds, by table.
+pub struct ShardPool {
+    pub tables: BTreeMap<String, TableShards>,
+}
+
+/// What a freeze left to fold in one shard: generations up to `upto`.
+pub struct FrozenShard {
+    pub table: String,
+    pub bucket: u32,
+    pub shard: Uuid,
+    pub upto_generation: u64,
+    pub fence: FreezeFence,
+}
+
+impl ShardPool {
+    /// Opens (claims) a writer for every bucket of every table. Opening
+    /// replays the shard's WAL under a new epoch, fencing any older writer.
+    pub async fn open(graph: &Graph, wal: &WalSettings, tables: &[String]) -> Result<ShardPool> {
+        let mut out = BTreeMap::new();
+        for table in tables {
+            let ds = graph.open_table(table, None).await?;
+            let details = ds
+                .mem_wal_index_details()
+                .await
+                .ctx(table)?
+                .ok_or_else(|| Error::Corrupt(format!("{table} has no MemWAL")))?;
+            let spec = details
+                .sharding_specs
+                .first()
+                .cloned()
+                .ok_or_else(|| Error::Corrupt(format!("{table} has no sharding spec")))?;
+            let mut shards = Vec::new();
+            for bucket in 0..details.num_shards {
+                let id = shard_id(table, bucket);
+                let config = ShardWriterConfig {
+                    durable_write: true,
+                    max_wal_flush_interval: Some(wal.flush_interval),
+                    max_memtable_rows: wal.max_memtable_rows,
+                    max_memtable_size: wal.max_memtable_bytes,
+                    max_unflushed_memtable_bytes: wal.max_memtable_bytes * 4,
+                    ..Default::default()
+                };
+                let writer = ds
+                    .mem_wal_writer(id, config)
+                    .await
+                    .map_err(|e| fenced_or(e, table, bucket, id, "open writer"))?;
+                tracing::debug!(table, bucket, epoch = writer.epoch(), "shard writer open");
+                shards.push(Shard {
+                    table: table.clone(),
+                    bucket,
+                    writer: Arc::new(writer),
+                });
+            }
+            out.insert(
+                table.clone(),
+                TableShards {
+                    table: table.clone(),
+                    spec,
+                    lance_schema: ds.schema().clone(),
+                    shards,
+                },
+            );
+        }
+        Ok(ShardPool { tables: out })
+    }
+
+    /// Freezes every active memtable. Called between polls, so the cut is
+    /// exact: everything put before it is in a generation `<= upto`.
+    pub async fn freeze_all(&self) -> Result<Vec<FrozenShard>> {
+        let mut out = Vec::new();
+        for t in self.tables.values() {
+            for s in &t.shards {
+                let id = s.writer.shard_id();
+                let err = |e| fenced_or(e, &s.table, s.bucket, id, "freeze");
+                let active = s.writer.memtable_stats().await.map_err(err)?.generation;
+                let fence = s.writer.force_freeze_active().await.map_err(err)?;
+                let upto = fence
+                    .frozen_generation()
+                    .unwrap_or(active.saturating_sub(1));
+                out.push(FrozenShard {
+                    table: s.table.clone(),
+                    bucket: s.bucket,
+                    shard: id,
+                    upto_generation: upto,
+                    fence,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Flushes and closes every writer (drain on shutdown).
+    pub async fn close(self) -> Result<()> {
+        for t in self.tables.into_values() {
+            for s in t.shards {
+                let id = s.writer.shard_id();
+                match Arc::try_unwrap(s.writer) {
+                    Ok(w) => w
+                        .close()
+                        .await
+                        .map_err(|e| fenced_or(e, &s.table, s.bucket, id, "close"))?,
+                    Err(_) => {
+                        return Err(Error::Other(format!(
+                            "shard {id} of {} is still in use at close",
+                            s.table
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Durability of one put or delete, with where it went (for error messages).
+pub struct PendingWrite {
+    pub table: String,
+    pub bucket: u32,
+    pub shard: Uuid,
+    pub watcher: Option<BatchDurableWatcher>,
+}
+
+impl PendingWrite {
+    pub async fn wait(self) -> Result<()> {
+        if let Some(mut w) = self.watcher {
+            w.wait()
+                .await
+                .map_err(|e| fenced_or(e, &self.table, self.bucket, self.shard, "WAL write"))?;
+        }
+        Ok(())
+    }
+}
+
+impl TableShards {
+    /// Splits `batch` by `bucket(id, N)` as Lance computes it.
+    pub fn route(&self, batch: &RecordBatch) -> Result<Vec<(usize, RecordBatch)>> {
+        if batch.num_rows() == 0 {
+            return Ok(vec![]);
+        }
+        let buckets = evaluate_sharding_spec(batch, &self.spec, &self.lance_schema)
+            .ctx(format!("route rows of {}", self.table))?;
+        let col = buckets
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int32Array>()
+            .ok_or_else(|| Error::Corrupt("sharding spec did not yield Int32".into()))?;
+        if self.shards.len() == 1 {
+            return Ok(vec![(0, batch.clone())]);
+        }
+        let mut out = Vec::new();
+        for b in 0..self.shards.len() {
+            let mask: arrow::array::BooleanArray =
+                col.iter().map(|v| Some(v == Some(b as i32))).collect();
+            if mask.true_count() == 0 {
+                continue;
+            }
+            out.push((b, filter_record_batch(batch, &mask).ctx("split by bucket")?));
+        }
+        Ok(out)
+    }
+
+    /// Starts the WAL write of `batch` (rows) without waiting for durability.
+    pub async fn put(&self, batch: RecordBatch) -> Result<Vec<PendingWrite>> {
+        let mut out = Vec::new();
+        for (b, part) in self.route(&batch)? {
+            let s = &self.shards[b];
+            let id = s.writer.shard_id();
+            let (_, watcher) = s
+                .writer
+                .put_no_wait(vec![part])
+                .await
+                .map_err(|e| fenced_or(e, &self.table, s.bucket, id, "put"))?;
+            out.push(PendingWrite {
+                table: self.table.clone(),
+                bucket: s.bucket,
+                shard: id,
+                watcher,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Starts the WAL write of tombstones for the keys in `keys` (an `id` column).
+    pub async fn delete(&self, keys: RecordBatch) -> Result<Vec<PendingWrite>> {
+        let mut out = Vec::new();
+        for (b, part) in self.route(&keys)? {
+            let s = &self.shards[b];
+            let id = s.writer.shard_id();
+            let (_, watcher) = s
+                .writer
+                .delete_no_wait(vec![part])
+                .await
+                .map_err(|e| fenced_or(e, &self.table, s.bucket, id, "delete"))?;
+            out.push(PendingWrite {
+                table: self.table.clone(),
+                bucket: s.bucket,
+                shard: id,
+                watcher,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A fenced writer becomes `Error::Fenced` naming the shard and epochs.
+pub fn fenced_or(e: lance::Error, table: &str, bucket: u32, shard: Uuid, what: &str) -> Error {
+    if e.fence_reason().is_some() {
+        Error::Fenced {
+            table: table.to_string(),
+            bucket,
+            shard,
+            reason: e.to_string(),
+        }
+    } else {
+        Error::Lance {
+            context: format!("{what} on shard {shard} ({table} bucket {bucket})"),
+            source: e,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_ids_are_deterministic_and_distinct() {
+        assert_eq!(shard_id("nodes/A", 0), shard_id("nodes/A", 0));
+        assert_ne!(shard_id("nodes/A", 0), shard_id("nodes/A", 1));
+        assert_ne!(shard_id("nodes/A", 0), shard_id("nodes/B", 0));
+    }
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the whole test suite against a throwaway tansu broker (in memory).
+#   bash scripts/test.sh [cargo test args] [-- test binary args]
+# Set GRAPHSINK_TEST_BROKER=host:port to use a broker of your own instead.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
+
+ensure_build_deps
+trap stop_broker EXIT
+use_broker
+log "tests use broker GRAPHSINK_TEST_BROKER=$GRAPHSINK_TEST_BROKER"
+
+# Split our args at `--` so the default --test-threads=2 stays on the test
+# binary's side (after a second `--` libtest would take it for a test filter).
+cargo_args=() test_args=()
+while [ "$#" -gt 0 ]; do
+    if [ "$1" = -- ]; then shift; test_args=("$@"); break; fi
+    cargo_args+=("$1"); shift
+done
+case " ${test_args[*]} " in
+    *" --test-threads"*) ;;                 # the caller chose a thread count
+    *) test_args=(--test-threads=2 "${test_args[@]}") ;;
+esac
+
+status=0
+cargo test --workspace --locked "${cargo_args[@]}" -- "${test_args[@]}" || status=$?
+exit "$status"

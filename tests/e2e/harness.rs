@@ -1,0 +1,343 @@
+//! Test harness: the real broker (external via GRAPHSINK_TEST_BROKER, or a
+//! tansu started here), per-test topics, graphs in temp dirs, and readers
+//! of what landed in Lance and in the consumer group.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, RecordBatch, StringArray};
+use futures::TryStreamExt;
+use graphsink::graph::Graph;
+use graphsink::Config;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+struct Broker {
+    addr: String,
+    _child: Option<Child>,
+}
+
+static BROKER: OnceLock<Broker> = OnceLock::new();
+
+/// The broker address. Never skips: it uses GRAPHSINK_TEST_BROKER, or starts
+/// the tansu that scripts/test.sh installs, or fails saying how to get one.
+pub fn broker() -> &'static str {
+    &BROKER
+        .get_or_init(|| {
+            if let Ok(addr) = std::env::var("GRAPHSINK_TEST_BROKER") {
+                return Broker { addr, _child: None };
+            }
+            start_tansu()
+        })
+        .addr
+}
+
+fn start_tansu() -> Broker {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let cache = std::env::var("GRAPHSINK_CACHE").unwrap_or(format!("{home}/.cache/graphsink"));
+    let bin = PathBuf::from(format!("{cache}/tansu-0.6.0/bin/tansu"));
+    if !bin.exists() {
+        panic!(
+            "no Kafka broker for the tests: set GRAPHSINK_TEST_BROKER=host:port, \
+             or run `bash scripts/test.sh`, which installs and starts tansu ({} is missing)",
+            bin.display()
+        );
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let url = format!("tcp://127.0.0.1:{port}");
+    let mut cmd = Command::new(&bin);
+    cmd.args([
+        "broker",
+        "--listener-url",
+        &url,
+        "--advertised-listener-url",
+        &url,
+    ])
+    .args(["--storage-engine", "memory://tansu/"])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    // The broker dies with the test process, so nothing is left running.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("start tansu");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "tansu did not listen on {port} within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Broker {
+        addr: format!("127.0.0.1:{port}"),
+        _child: Some(child),
+    }
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+pub async fn create_topic(name: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", broker())
+        .create()
+        .expect("admin client");
+    let res = admin
+        .create_topics(
+            [&NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .expect("create topics");
+    for r in res {
+        r.expect("topic created");
+    }
+}
+
+/// One record to produce to an explicit partition.
+#[derive(Clone, Debug)]
+pub struct Rec {
+    pub partition: i32,
+    pub key: Option<String>,
+    pub value: Option<String>,
+}
+
+pub fn rec(partition: i32, key: Option<&str>, value: Option<serde_json::Value>) -> Rec {
+    Rec {
+        partition,
+        key: key.map(str::to_string),
+        value: value.map(|v| v.to_string()),
+    }
+}
+
+pub async fn produce(topic: &str, recs: &[Rec]) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker())
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    for r in recs {
+        let mut fr: FutureRecord<String, String> = FutureRecord::to(topic).partition(r.partition);
+        if let Some(k) = &r.key {
+            fr = fr.key(k);
+        }
+        if let Some(v) = &r.value {
+            fr = fr.payload(v);
+        }
+        producer
+            .send(fr, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .expect("produce");
+    }
+}
+
+fn group_consumer(group: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", broker())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer")
+}
+
+/// Committed offsets of `group` on `topic` (absent partitions have none).
+pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    let c = group_consumer(group);
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = c
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed");
+    got.elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(n) => Some((e.partition(), n)),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn end_offsets(topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    let c = group_consumer(&unique("probe"));
+    (0..partitions)
+        .map(|p| {
+            let (_, high) = c
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("watermarks");
+            (p, high)
+        })
+        .collect()
+}
+
+/// Resets `group` to offset 0 on every partition of `topic`.
+pub fn reset_group(group: &str, topic: &str, partitions: i32) {
+    let c = group_consumer(group);
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Offset(0))
+            .unwrap();
+    }
+    c.commit(&tpl, CommitMode::Sync).expect("reset offsets");
+}
+
+pub async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A graph in a temp dir with its own topics and consumer group.
+pub struct TestGraph {
+    pub dir: tempfile::TempDir,
+    pub group: String,
+    pub topics: Vec<String>,
+}
+
+pub const SCHEMA: &str = r#"
+node Person { name: String @key  age: I32?  city: String? }
+node Company { ticker: String @key  name: String  founded: I32? }
+node Slot { tenant: String  slot: U32  label: String?  @key(tenant, slot) }
+"#;
+
+impl TestGraph {
+    /// `mappings` are TOML `[[mapping]]` bodies without the `topic` line;
+    /// each gets a fresh topic, in order. `extra` is appended verbatim.
+    pub fn new(mappings: &[&str], extra: &str) -> TestGraph {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let group = unique("group");
+        let topics: Vec<String> = mappings.iter().map(|_| unique("topic")).collect();
+        std::fs::write(dir.path().join("graph.pg"), SCHEMA).unwrap();
+        let mut cfg = format!(
+            "[graph]\nroot = \"graph\"\nschema = \"graph.pg\"\n\n[kafka]\n\"bootstrap.servers\" = \"{}\"\n\"group.id\" = \"{group}\"\n\"session.timeout.ms\" = \"6000\"\n\n{extra}\n",
+            broker()
+        );
+        for (m, t) in mappings.iter().zip(&topics) {
+            cfg.push_str(&format!("[[mapping]]\ntopic = \"{t}\"\n{m}\n\n"));
+        }
+        std::fs::write(dir.path().join("graphsink.toml"), cfg).unwrap();
+        TestGraph { dir, group, topics }
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("graphsink.toml")
+    }
+
+    pub fn config(&self) -> Config {
+        Config::load(&self.config_path()).expect("config")
+    }
+
+    pub fn root(&self) -> String {
+        self.config().root_uri()
+    }
+
+    pub async fn graph(&self) -> Graph {
+        Graph::open_readonly(self.root()).await.expect("graph")
+    }
+
+    /// Rows of `table` at the head commit: id → the row as JSON.
+    pub async fn rows(&self, table: &str) -> BTreeMap<String, serde_json::Value> {
+        let g = self.graph().await;
+        let head = g.head().await.unwrap();
+        read_table(&g, table, head.tables[table]).await
+    }
+
+    /// Runs the real binary to completion.
+    pub fn cli(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
+        cmd.args(args).arg("--config").arg(self.config_path());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run graphsink")
+    }
+
+    pub fn spawn_run(&self) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_graphsink"))
+            .args(["run", "--config"])
+            .arg(self.config_path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn graphsink run")
+    }
+}
+
+/// Reads every row of a table version with plain Lance, independent of
+/// graphsink's own read path.
+pub async fn read_table(
+    g: &Graph,
+    table: &str,
+    version: u64,
+) -> BTreeMap<String, serde_json::Value> {
+    let uri = g.table_uri(table);
+    let ds = lance::Dataset::open(&uri).await.unwrap();
+    let ds = ds.checkout_version(version).await.unwrap();
+    let batches: Vec<RecordBatch> = ds
+        .scan()
+        .try_into_stream()
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for b in batches {
+        let mut buf = Vec::new();
+        let mut w = arrow_json::ArrayWriter::new(&mut buf);
+        w.write(&b).unwrap();
+        w.finish().unwrap();
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&buf).unwrap_or_default();
+        let ids = b
+            .column_by_name("id")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap()
+            .clone();
+        for (i, row) in rows.into_iter().enumerate() {
+            let id = ids.value(i).to_string();
+            assert!(
+                out.insert(id.clone(), row).is_none(),
+                "duplicate id {id} in {table}"
+            );
+        }
+    }
+    out
+}
+
+pub fn strip_provenance(
+    rows: &BTreeMap<String, serde_json::Value>,
+) -> BTreeMap<String, serde_json::Value> {
+    rows.iter()
+        .map(|(k, v)| {
+            let mut v = v.clone();
+            if let Some(o) = v.as_object_mut() {
+                o.retain(|k, _| !k.starts_with("_src_"));
+            }
+            (k.clone(), v)
+        })
+        .collect()
+}

@@ -1,0 +1,17 @@
+//! End-to-end tests: a real Kafka-protocol broker on loopback, real Lance
+//! tables on disk, the real binary where a process must die.
+
+mod harness;
+mod pipeline;
+mod recovery;
+
+/// Writes the tracing output of in-process runs to the test's stderr.
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,lance=warn,datafusion=warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}

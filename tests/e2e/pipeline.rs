@@ -1,0 +1,361 @@
+//! The consume → WAL → commit → fold path, in process.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::*;
+
+/// Records for one topic plus the state they must leave behind.
+pub struct Workload {
+    pub recs: Vec<Rec>,
+    /// id → (row without provenance, partition, offset of the last write)
+    pub expected: BTreeMap<String, (Value, i32, i64)>,
+}
+
+/// People with repeated keys, a delete, and a delete followed by a re-insert.
+/// A key always goes to the same partition, so Kafka order is per-key order.
+pub fn people(n: usize, keys: usize, partitions: i32) -> Workload {
+    let mut recs = Vec::new();
+    let mut next = vec![0i64; partitions as usize];
+    let mut expected = BTreeMap::new();
+    let mut push = |recs: &mut Vec<Rec>, key: String, value: Option<Value>| {
+        let p = (key[1..].parse::<usize>().unwrap() % partitions as usize) as i32;
+        let off = next[p as usize];
+        next[p as usize] += 1;
+        match &value {
+            Some(v) => {
+                let mut row = v.clone();
+                row["id"] = json!(key);
+                expected.insert(key.clone(), (row, p, off));
+            }
+            None => {
+                expected.remove(&key);
+            }
+        }
+        recs.push(rec(p, Some(&key), value));
+    };
+    for i in 0..n {
+        let key = format!("p{}", i % keys);
+        push(
+            &mut recs,
+            key.clone(),
+            Some(json!({"name": key, "age": i as i32})),
+        );
+    }
+    push(&mut recs, "p3".into(), None);
+    push(&mut recs, "p5".into(), None);
+    push(
+        &mut recs,
+        "p5".into(),
+        Some(json!({"name": "p5", "age": 555, "city": "Oslo"})),
+    );
+    push(&mut recs, format!("p{}", keys + 1), None); // delete of a key never written
+    Workload { recs, expected }
+}
+
+fn assert_rows(
+    rows: &BTreeMap<String, Value>,
+    expected: &BTreeMap<String, (Value, i32, i64)>,
+    topic: &str,
+) {
+    let want: BTreeMap<String, Value> = expected
+        .iter()
+        .map(|(k, (v, _, _))| (k.clone(), v.clone()))
+        .collect();
+    assert_eq!(strip_provenance(rows), want);
+    for (id, (_, p, off)) in expected {
+        let r = &rows[id];
+        assert_eq!(r["_src_topic"], json!(topic), "{id}");
+        assert_eq!(r["_src_partition"], json!(p), "{id}");
+        assert_eq!(r["_src_offset"], json!(off), "{id}");
+    }
+}
+
+async fn run_to_end(tg: &TestGraph) -> graphsink::RunSummary {
+    let options = graphsink::RunOptions {
+        exit_at_end: true,
+        ..Default::default()
+    };
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        graphsink::run_with(tg.config(), options, CancellationToken::new()),
+    )
+    .await
+    .expect("run reached the end in time")
+    .expect("run succeeds")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_types_last_write_wins_with_deletes_and_offsets() {
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &[
+            "node = \"Person\"",
+            "node = \"Company\"\nkey = \"kafka\"",
+            "node = \"Slot\"",
+        ],
+        "[fold]\ninterval = \"0s\"\n[wal]\nbuckets = 3",
+    );
+    let (tp, tc, ts) = (&tg.topics[0], &tg.topics[1], &tg.topics[2]);
+    create_topic(tp, 3).await;
+    create_topic(tc, 2).await;
+    create_topic(ts, 1).await;
+    let people = people(90, 25, 3);
+    produce(tp, &people.recs).await;
+    produce(
+        tc,
+        &[
+            rec(0, Some("ACME"), Some(json!({"name": "Acme"}))),
+            rec(
+                1,
+                Some("INIT"),
+                Some(json!({"ticker": "INIT", "name": "Initech", "founded": 1999})),
+            ),
+            rec(
+                0,
+                Some("ACME"),
+                Some(json!({"name": "Acme Corp", "founded": 1950})),
+            ),
+            rec(1, Some("\"GONE\""), Some(json!({"name": "Gone Inc"}))),
+            rec(1, Some("GONE"), None),
+        ],
+    )
+    .await;
+    produce(
+        ts,
+        &[
+            rec(
+                0,
+                None,
+                Some(json!({"tenant": "acme", "slot": 7, "label": "a"})),
+            ),
+            rec(0, None, Some(json!({"tenant": "acme", "slot": 8}))),
+            rec(0, Some(r#"["acme", 8]"#), None),
+        ],
+    )
+    .await;
+
+    let summary = run_to_end(&tg).await;
+    assert_eq!(summary.records as usize, people.recs.len() + 5 + 3);
+    // Everything is durable and committed: the group sits at the end offsets.
+    for (t, n) in [(tp, 3), (tc, 2), (ts, 1)] {
+        assert_eq!(committed(&tg.group, t, n), end_offsets(t, n), "topic {t}");
+    }
+    // The graceful stop folded once; an operator fold then finds nothing.
+    assert_eq!(tg.graph().await.head().await.unwrap().seq, 1);
+    let out = tg.cli(&["fold"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to fold"));
+
+    assert_rows(&tg.rows("nodes/Person").await, &people.expected, tp);
+    let companies = strip_provenance(&tg.rows("nodes/Company").await);
+    assert_eq!(
+        companies,
+        BTreeMap::from([
+            (
+                "ACME".into(),
+                json!({"id": "ACME", "ticker": "ACME", "name": "Acme Corp", "founded": 1950})
+            ),
+            (
+                "INIT".into(),
+                json!({"id": "INIT", "ticker": "INIT", "name": "Initech", "founded": 1999})
+            ),
+        ])
+    );
+    let slots = strip_provenance(&tg.rows("nodes/Slot").await);
+    assert_eq!(
+        slots,
+        BTreeMap::from([(
+            r#"["acme","7"]"#.to_string(),
+            json!({"id": r#"["acme","7"]"#, "tenant": "acme", "slot": 7, "label": "a"})
+        )])
+    );
+
+    let g = tg.graph().await;
+    let head = g.head().await.unwrap();
+    assert_eq!(head.seq, 1, "exactly one graph commit for one fold");
+    let mut ranges: Vec<(String, i32, i64, i64)> = head
+        .offsets
+        .iter()
+        .map(|r| (r.topic.clone(), r.partition, r.first, r.last))
+        .collect();
+    ranges.sort();
+    let mut want = Vec::new();
+    for (t, n) in [(tp, 3), (tc, 2), (ts, 1)] {
+        for (p, end) in end_offsets(t, n) {
+            want.push((t.to_string(), p, 0, end - 1));
+        }
+    }
+    want.sort();
+    assert_eq!(ranges, want);
+    let stats = &head.stats["nodes/Person"];
+    assert_eq!(stats.upserted as usize, people.expected.len());
+
+    // The fold with nothing to fold published nothing.
+    assert_eq!(tg.graph().await.head().await.unwrap().seq, 1);
+
+    // The CLI reads it back.
+    let log = String::from_utf8(tg.cli(&["log"], &[]).stdout).unwrap();
+    assert!(
+        log.contains(&head.id) && log.contains("nodes/Person"),
+        "{log}"
+    );
+    let show = String::from_utf8(tg.cli(&["show"], &[]).stdout).unwrap();
+    assert!(
+        show.contains(&format!("{} rows", people.expected.len())),
+        "{show}"
+    );
+}
+
+/// Holds durability back with a long WAL flush interval: records are
+/// consumed and written, but the committed offset must stay behind until
+/// the WAL entry lands. Then the live fold loop publishes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_offset_never_passes_durability() {
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        "[wal]\nflush_interval = \"10s\"\nbuckets = 2\n[offsets]\ncommit_interval = \"100ms\"\n[fold]\ninterval = \"12s\"",
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 2).await;
+    let w = people(40, 40, 2);
+    produce(topic, &w.recs).await;
+
+    let stats = Arc::new(graphsink::RunStats::default());
+    let stop = CancellationToken::new();
+    let options = graphsink::RunOptions {
+        stats: Some(stats.clone()),
+        ..Default::default()
+    };
+    let task = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));
+    let n = w.recs.len() as u64;
+    wait_until("records consumed", Duration::from_secs(30), || {
+        stats.consumed.load(Ordering::Relaxed) == n
+    })
+    .await;
+    // Twenty commit cadences pass while the WAL entry is still pending (the
+    // fold, which would force a flush, is further out than that).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        stats.durable.load(Ordering::Relaxed),
+        0,
+        "WAL flush was held back"
+    );
+    assert!(
+        committed(&tg.group, topic, 2).values().all(|&o| o == 0),
+        "committed past undurable records: {:?}",
+        committed(&tg.group, topic, 2)
+    );
+    let ends = end_offsets(topic, 2);
+    wait_until("commit after durability", Duration::from_secs(30), || {
+        committed(&tg.group, topic, 2) == ends
+    })
+    .await;
+
+    // The background fold loop makes them visible without any operator step.
+    let mut visible = false;
+    for _ in 0..300 {
+        if tg.rows("nodes/Person").await.len() == w.expected.len() {
+            visible = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(visible, "fold loop did not publish the rows");
+    stop.cancel();
+    task.await.unwrap().expect("clean drain");
+    assert_rows(&tg.rows("nodes/Person").await, &w.expected, topic);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_from_the_beginning_changes_nothing() {
+    crate::init_logs();
+    let tg = TestGraph::new(&["node = \"Person\""], "[fold]\ninterval = \"0s\"");
+    let topic = &tg.topics[0];
+    create_topic(topic, 2).await;
+    let w = people(60, 15, 2);
+    produce(topic, &w.recs).await;
+    run_to_end(&tg).await;
+    assert!(tg.cli(&["fold"], &[]).status.success());
+    let before = tg.rows("nodes/Person").await;
+    assert_rows(&before, &w.expected, topic);
+
+    reset_group(&tg.group, topic, 2);
+    assert!(committed(&tg.group, topic, 2).values().all(|&o| o == 0));
+    let summary = run_to_end(&tg).await;
+    assert_eq!(summary.records as usize, w.recs.len(), "re-read everything");
+    assert!(tg.cli(&["fold"], &[]).status.success());
+    assert_eq!(tg.graph().await.head().await.unwrap().seq, 2);
+    assert_eq!(
+        tg.rows("nodes/Person").await,
+        before,
+        "same rows, same provenance"
+    );
+}
+
+/// Another process claiming the shards fences the running connector: it
+/// stops with an error naming the shard, and acks nothing after the fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_connector_stops_and_acks_nothing_more() {
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        "[fold]\ninterval = \"0s\"\n[wal]\nbuckets = 1\n[offsets]\ncommit_interval = \"100ms\"",
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 1).await;
+    let w = people(10, 10, 1);
+    let end = w.recs.len() as i64;
+    produce(topic, &w.recs).await;
+    let stats = Arc::new(graphsink::RunStats::default());
+    let options = graphsink::RunOptions {
+        stats: Some(stats.clone()),
+        ..Default::default()
+    };
+    let task = tokio::spawn(graphsink::run_with(
+        tg.config(),
+        options,
+        CancellationToken::new(),
+    ));
+    wait_until("first commit", Duration::from_secs(30), || {
+        committed(&tg.group, topic, 1).get(&0) == Some(&end)
+    })
+    .await;
+
+    // `graphsink fold` claims every shard under a new epoch.
+    let out = tg.cli(&["fold"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    produce(
+        topic,
+        &[rec(0, Some("late"), Some(json!({"name": "late"})))],
+    )
+    .await;
+
+    let err = tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("connector stopped")
+        .unwrap()
+        .expect_err("a fenced connector must fail");
+    assert_eq!(err.kind(), graphsink::ErrorKind::Fenced, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("shard") && msg.contains("epoch"), "{msg}");
+    assert_eq!(
+        committed(&tg.group, topic, 1).get(&0),
+        Some(&end),
+        "acked past the fence"
+    );
+}

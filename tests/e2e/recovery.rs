@@ -1,0 +1,266 @@
+//! Crashes and races: kill -9 of the real binary, the fold's crash windows,
+//! racing publishers, and refusals at start.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use graphsink::graph::{Graph, GraphCommit};
+use graphsink::schema::GraphSchema;
+use serde_json::json;
+
+use crate::harness::*;
+use crate::pipeline::people;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_after_ack_before_fold_loses_and_duplicates_nothing() {
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        "[fold]\ninterval = \"0s\"\n[offsets]\ncommit_interval = \"100ms\"",
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 3).await;
+    let w = people(120, 40, 3);
+    let (first, second) = w.recs.split_at(80);
+    produce(topic, first).await;
+
+    let mut child = tg.spawn_run();
+    let ends = end_offsets(topic, 3);
+    wait_until("acked", Duration::from_secs(60), || {
+        committed(&tg.group, topic, 3) == ends
+    })
+    .await;
+    child.kill().expect("kill -9"); // SIGKILL: no drain, no close, no fold
+    child.wait().unwrap();
+    assert_eq!(
+        tg.graph().await.head().await.unwrap().seq,
+        0,
+        "no fold ran before the kill"
+    );
+
+    // Restart on more data; stop it gracefully; fold.
+    produce(topic, second).await;
+    let out = tg.cli(&["run", "--exit-at-end"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = tg.cli(&["fold"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = tg.rows("nodes/Person").await; // read_table asserts no duplicate ids
+    let want: BTreeMap<_, _> = w
+        .expected
+        .iter()
+        .map(|(k, (v, _, _))| (k.clone(), v.clone()))
+        .collect();
+    assert_eq!(strip_provenance(&rows), want);
+    for (id, (_, _, off)) in &w.expected {
+        assert_eq!(rows[id]["_src_offset"], json!(off), "{id}");
+    }
+}
+
+/// Crashes the real `graphsink fold` at both of its windows (between the
+/// delete and upsert passes; after all table commits, before the publish),
+/// then checks the next start rolls the same fold forward to one commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fold_crash_windows_roll_forward_to_one_commit() {
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        "[fold]\ninterval = \"0s\"\non_shutdown = false",
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 2).await;
+    // A first fold gives the base rows that the second fold deletes, so the
+    // second fold has two passes.
+    let w = people(30, 10, 2);
+    produce(topic, &w.recs[..30]).await;
+    let out = tg.cli(&["run", "--exit-at-end"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(tg.cli(&["fold"], &[]).status.success());
+    produce(topic, &w.recs[30..]).await;
+    assert!(tg.cli(&["run", "--exit-at-end"], &[]).status.success());
+
+    let g = tg.graph().await;
+    let pinned = g.head().await.unwrap().tables["nodes/Person"];
+    for fp in ["fold.between_passes", "fold.before_publish"] {
+        let out = tg.cli(
+            &["fold"],
+            &[("GRAPHSINK_FAILPOINTS", &format!("{fp}=abort"))],
+        );
+        assert!(!out.status.success(), "failpoint {fp} did not fire");
+        let head = g.head().await.unwrap();
+        assert_eq!(head.seq, 1, "nothing published after crashing at {fp}");
+        let latest = lance::Dataset::open(&g.table_uri("nodes/Person"))
+            .await
+            .unwrap();
+        assert!(
+            latest.version().version > pinned,
+            "{fp}: a table commit preceded the crash"
+        );
+        // Readers still see the old commit, not the drifted table.
+        assert_eq!(tg.rows("nodes/Person").await.len(), 10);
+    }
+    let out = tg.cli(&["fold"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let commits = g.commits().await.unwrap();
+    assert_eq!(commits.len(), 3, "init, first fold, rolled-forward fold");
+    assert_eq!(commits[0].seq, 2);
+    assert!(
+        commits[0].stats["nodes/Person"].deleted >= 1,
+        "{:?}",
+        commits[0].stats
+    );
+    let want: BTreeMap<_, _> = w
+        .expected
+        .iter()
+        .map(|(k, (v, _, _))| (k.clone(), v.clone()))
+        .collect();
+    assert_eq!(strip_provenance(&tg.rows("nodes/Person").await), want);
+}
+
+async fn local_graph(tg: &TestGraph) -> Graph {
+    let config = tg.config();
+    let schema = GraphSchema::load(&config.schema_path()).unwrap();
+    Graph::open_or_init(&config, schema).await.unwrap()
+}
+
+fn child_of(parent: &GraphCommit, actor: &str) -> GraphCommit {
+    GraphCommit {
+        id: graphsink::graph::new_commit_id(),
+        seq: parent.seq + 1,
+        parent: Some(parent.id.clone()),
+        actor: actor.into(),
+        created_at: graphsink::graph::now_ms(),
+        tables: parent.tables.clone(),
+        folded: vec![],
+        offsets: vec![],
+        stats: BTreeMap::new(),
+    }
+}
+
+/// Two publishers read the same head; the second to commit must lose
+/// cleanly (no overwrite) and succeed after rebasing on the new head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_publishers_one_wins_the_other_retries() {
+    let tg = TestGraph::new(&["node = \"Person\""], "");
+    let g = local_graph(&tg).await;
+    let head = g.head().await.unwrap();
+    let v = g.manifest_version().await.unwrap();
+    let a = child_of(&head, "a");
+    let b = child_of(&head, "b");
+    g.publish_from_version(v, &a)
+        .await
+        .expect("first publisher wins");
+    let err = g
+        .publish_from_version(v, &b)
+        .await
+        .expect_err("second must lose");
+    assert!(
+        matches!(err, graphsink::Error::CommitConflict { .. }),
+        "{err}"
+    );
+    assert_eq!(
+        g.head().await.unwrap().id,
+        a.id,
+        "the loser did not overwrite"
+    );
+
+    // Retry from the new head, as the fold does.
+    let new_head = g.head().await.unwrap();
+    let b2 = GraphCommit {
+        id: b.id.clone(),
+        ..child_of(&new_head, "b")
+    };
+    g.publish(&b2).await.expect("rebased publish");
+    let log = g.commits().await.unwrap();
+    let chain: Vec<_> = log.iter().map(|c| (c.seq, c.actor.as_str())).collect();
+    assert_eq!(chain, vec![(2, "b"), (1, "a"), (0, "graphsink init")]);
+    assert_eq!(log[0].parent.as_deref(), Some(a.id.as_str()));
+
+    // Two truly concurrent publishers: exactly one wins.
+    let head = g.head().await.unwrap();
+    let (x, y) = (child_of(&head, "x"), child_of(&head, "y"));
+    let (rx, ry) = tokio::join!(g.publish(&x), g.publish(&y));
+    assert!(rx.is_ok() != ry.is_ok(), "exactly one wins: {rx:?} {ry:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_one_readable_line() {
+    let tg = TestGraph::new(&["node = \"Person\""], "");
+    // A good config checks.
+    let out = tg.cli(&["check"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let bad = |out: std::process::Output, needle: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "expected failure: {err}");
+        let last = err
+            .trim_end()
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            last.starts_with("graphsink: error:") && last.contains(needle),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    let cfg = std::fs::read_to_string(tg.config_path()).unwrap();
+
+    std::fs::write(
+        tg.config_path(),
+        cfg.replace("[kafka]", "[kafka]\n[wal]\nbucketz = 3\n[x]"),
+    )
+    .unwrap();
+    bad(tg.cli(&["check"], &[]), "bucketz");
+    std::fs::write(
+        tg.config_path(),
+        cfg.replace("node = \"Person\"", "node = \"Persn\""),
+    )
+    .unwrap();
+    bad(tg.cli(&["check"], &[]), "Persn");
+    std::fs::write(tg.config_path(), &cfg).unwrap();
+    std::fs::write(
+        tg.dir.path().join("graph.pg"),
+        "node A { a: String @key }\nnode B { b: Strng }",
+    )
+    .unwrap();
+    bad(tg.cli(&["check"], &[]), "line 2");
+    std::fs::write(tg.dir.path().join("graph.pg"), SCHEMA).unwrap();
+
+    // A graph created with one N refuses another.
+    local_graph(&tg).await;
+    std::fs::write(
+        tg.config_path(),
+        cfg.replace("[[mapping]]", "[wal]\nbuckets = 7\n\n[[mapping]]"),
+    )
+    .unwrap();
+    bad(tg.cli(&["fold"], &[]), "buckets");
+    // ... and a changed column layout.
+    std::fs::write(tg.config_path(), &cfg).unwrap();
+    std::fs::write(
+        tg.dir.path().join("graph.pg"),
+        SCHEMA.replace("age: I32?", "age: I64?"),
+    )
+    .unwrap();
+    bad(tg.cli(&["fold"], &[]), "age");
+}
