@@ -146,9 +146,11 @@ impl Config {
         let mut value: toml::Value =
             toml::from_str(text).map_err(|e| Error::config(one_line(&e.to_string())))?;
         expand_env(&mut value, "")?;
-        let mut config: Config = value
-            .try_into()
-            .map_err(|e: toml::de::Error| Error::config(one_line(&e.to_string())))?;
+        let mut config: Config = value.try_into().map_err(|e: toml::de::Error| {
+            // Parsing the raw text again gives the same error with its line.
+            let located = toml::from_str::<Config>(text).err().map(|e| e.to_string());
+            Error::config(one_line(&located.unwrap_or_else(|| e.to_string())))
+        })?;
         config.base_dir = base_dir.to_path_buf();
         config.validate()?;
         Ok(config)

@@ -70,7 +70,11 @@ impl GraphSchema {
                     .unwrap_or_default();
                 Error::Schema {
                     path: path.into(),
-                    message: format!("{at}{}", d.message.replace('\n', " ")),
+                    // pest repeats the source line; keep only its verdict.
+                    message: format!(
+                        "{at}{}",
+                        d.message.rsplit("= ").next().unwrap_or(&d.message).trim()
+                    ),
                 }
             })?;
         let catalog = omnigraph_compiler::build_catalog(&ast).map_err(|e| Error::Schema {

@@ -246,15 +246,15 @@ async fn committed_offset_never_passes_durability() {
     // Twenty commit cadences pass while the WAL entry is still pending (the
     // fold, which would force a flush, is further out than that).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        stats.durable.load(Ordering::Relaxed),
-        0,
-        "WAL flush was held back"
-    );
     assert!(
         committed(&tg.group, topic, 2).values().all(|&o| o == 0),
         "committed past undurable records: {:?}",
         committed(&tg.group, topic, 2)
+    );
+    assert_eq!(
+        stats.durable.load(Ordering::Relaxed),
+        0,
+        "WAL flush was held back"
     );
     let ends = end_offsets(topic, 2);
     wait_until("commit after durability", Duration::from_secs(30), || {
