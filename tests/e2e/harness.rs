@@ -226,10 +226,14 @@ impl TestGraph {
     /// `mappings` are TOML `[[mapping]]` bodies without the `topic` line;
     /// each gets a fresh topic, in order. `extra` is appended verbatim.
     pub fn new(mappings: &[&str], extra: &str) -> TestGraph {
+        Self::with_schema(SCHEMA, mappings, extra)
+    }
+
+    pub fn with_schema(schema: &str, mappings: &[&str], extra: &str) -> TestGraph {
         let dir = tempfile::tempdir().expect("temp dir");
         let group = unique("group");
         let topics: Vec<String> = mappings.iter().map(|_| unique("topic")).collect();
-        std::fs::write(dir.path().join("graph.pg"), SCHEMA).unwrap();
+        std::fs::write(dir.path().join("graph.pg"), schema).unwrap();
         let mut cfg = format!(
             "[graph]\nroot = \"graph\"\nschema = \"graph.pg\"\n\n[kafka]\n\"bootstrap.servers\" = \"{}\"\n\"group.id\" = \"{group}\"\n\"session.timeout.ms\" = \"6000\"\n\n{extra}\n",
             broker()
