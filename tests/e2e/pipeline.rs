@@ -224,7 +224,7 @@ async fn committed_offset_never_passes_durability() {
     crate::init_logs();
     let tg = TestGraph::new(
         &["node = \"Person\""],
-        "[wal]\nflush_interval = \"10s\"\nbuckets = 2\n[offsets]\ncommit_interval = \"100ms\"\n[fold]\ninterval = \"12s\"",
+        "[wal]\nflush_interval = \"20s\"\nbuckets = 2\n[offsets]\ncommit_interval = \"100ms\"\n[fold]\ninterval = \"25s\"",
     );
     let topic = &tg.topics[0];
     create_topic(topic, 2).await;
@@ -407,4 +407,116 @@ async fn every_schema_type_round_trips() {
         "{row}"
     );
     assert!(tg.rows("edges/Likes").await.is_empty());
+}
+
+/// A second member joins the group: the connector gives partitions up in a
+/// cooperative rebalance and commits their durable watermark synchronously
+/// on revoke (the cadence is an hour here, so only the revoke can commit),
+/// so the new owner starts exactly after the records graphsink made durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_commits_durable_watermarks_synchronously() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        "[offsets]\ncommit_interval = \"1h\"\n[fold]\ninterval = \"0s\"",
+    );
+    let topic = tg.topics[0].clone();
+    create_topic(&topic, 4).await;
+    let w = people(80, 40, 4);
+    produce(&topic, &w.recs).await;
+    let ends = end_offsets(&topic, 4);
+
+    let stats = Arc::new(graphsink::RunStats::default());
+    let options = graphsink::RunOptions {
+        stats: Some(stats.clone()),
+        ..Default::default()
+    };
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));
+    let n = w.recs.len() as u64;
+    wait_until("all durable", Duration::from_secs(30), || {
+        stats.durable.load(Ordering::Relaxed) == n
+    })
+    .await;
+    assert!(
+        committed(&tg.group, &topic, 4).is_empty(),
+        "nothing committed before the rebalance"
+    );
+
+    // The second member: polls for a while, records what it was given.
+    let (group, t) = (tg.group.clone(), topic.clone());
+    let member = std::thread::spawn(move || {
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", broker())
+            .set("group.id", &group)
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "6000")
+            .create()
+            .unwrap();
+        c.subscribe(&[&t]).unwrap();
+        let mut got = Vec::new();
+        let mut assigned = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
+                got.push((m.partition(), m.offset()));
+            }
+            assigned = assigned.max(c.assignment().map(|a| a.count()).unwrap_or(0));
+            if assigned > 0 && std::time::Instant::now() + Duration::from_secs(12) > deadline {
+                break;
+            }
+        }
+        (assigned, got)
+    });
+    let (assigned, got) = tokio::task::spawn_blocking(move || member.join().unwrap())
+        .await
+        .unwrap();
+    assert!(assigned > 0, "the second member never got a partition");
+    assert!(
+        got.is_empty(),
+        "new owner re-read records graphsink had made durable: {got:?}"
+    );
+    let c = committed(&tg.group, &topic, 4);
+    assert!(!c.is_empty(), "revoke committed nothing");
+    for (p, off) in &c {
+        assert_eq!(*off, ends[p], "partition {p}");
+    }
+
+    // The member left: the connector takes the partitions back and drains.
+    stop.cancel();
+    task.await
+        .unwrap()
+        .expect("connector survives the rebalance");
+    assert_eq!(committed(&tg.group, &topic, 4), ends);
+}
+
+/// A fold whose generations hold only tombstones (one of a key that never
+/// existed) still records its progress, so the next fold starts after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletes_only_fold_advances() {
+    crate::init_logs();
+    let tg = TestGraph::new(&["node = \"Person\""], "[fold]\ninterval = \"0s\"");
+    let topic = &tg.topics[0];
+    create_topic(topic, 1).await;
+    produce(topic, &[rec(0, Some("p1"), Some(json!({"name": "p1"})))]).await;
+    run_to_end(&tg).await;
+    produce(topic, &[rec(0, Some("p1"), None), rec(0, Some("p9"), None)]).await;
+    run_to_end(&tg).await;
+    let g = tg.graph().await;
+    let head = g.head().await.unwrap();
+    assert_eq!(head.seq, 2);
+    assert_eq!(head.stats["nodes/Person"].deleted, 1);
+    assert!(tg.rows("nodes/Person").await.is_empty());
+    let out = tg.cli(&["fold"], &[]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to fold"));
+    // Only a never-existing key this time: nothing to delete, still progress.
+    produce(topic, &[rec(0, Some("p8"), None)]).await;
+    run_to_end(&tg).await;
+    assert_eq!(g.head().await.unwrap().seq, 3);
+    let out = tg.cli(&["fold"], &[]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to fold"));
 }
