@@ -245,15 +245,25 @@ impl TableShards {
 
     /// Starts the WAL write of `batch` (rows) without waiting for durability.
     pub async fn put(&self, batch: RecordBatch) -> Result<Vec<PendingWrite>> {
+        self.write(batch, Write::Put).await
+    }
+
+    /// Starts the WAL write of tombstones for the keys in `keys` (an `id` column).
+    pub async fn delete(&self, keys: RecordBatch) -> Result<Vec<PendingWrite>> {
+        self.write(keys, Write::Delete).await
+    }
+
+    async fn write(&self, batch: RecordBatch, kind: Write) -> Result<Vec<PendingWrite>> {
         let mut out = Vec::new();
         for (b, part) in self.route(&batch)? {
             let s = &self.shards[b];
             let id = s.writer.shard_id();
-            let (_, watcher) = s
-                .writer
-                .put_no_wait(vec![part])
-                .await
-                .map_err(|e| fenced_or(e, &self.table, s.bucket, id, "put"))?;
+            let started = match kind {
+                Write::Put => s.writer.put_no_wait(vec![part]).await,
+                Write::Delete => s.writer.delete_no_wait(vec![part]).await,
+            };
+            let (_, watcher) =
+                started.map_err(|e| fenced_or(e, &self.table, s.bucket, id, kind.name()))?;
             out.push(PendingWrite {
                 table: self.table.clone(),
                 bucket: s.bucket,
@@ -263,26 +273,20 @@ impl TableShards {
         }
         Ok(out)
     }
+}
 
-    /// Starts the WAL write of tombstones for the keys in `keys` (an `id` column).
-    pub async fn delete(&self, keys: RecordBatch) -> Result<Vec<PendingWrite>> {
-        let mut out = Vec::new();
-        for (b, part) in self.route(&keys)? {
-            let s = &self.shards[b];
-            let id = s.writer.shard_id();
-            let (_, watcher) = s
-                .writer
-                .delete_no_wait(vec![part])
-                .await
-                .map_err(|e| fenced_or(e, &self.table, s.bucket, id, "delete"))?;
-            out.push(PendingWrite {
-                table: self.table.clone(),
-                bucket: s.bucket,
-                shard: id,
-                watcher,
-            });
+#[derive(Clone, Copy)]
+enum Write {
+    Put,
+    Delete,
+}
+
+impl Write {
+    fn name(self) -> &'static str {
+        match self {
+            Write::Put => "put",
+            Write::Delete => "delete",
         }
-        Ok(out)
     }
 }
 
