@@ -209,6 +209,9 @@ async fn two_types_last_write_wins_with_deletes_and_offsets() {
         log.contains(&head.id) && log.contains("nodes/Person"),
         "{log}"
     );
+    let init = head.parent.clone().unwrap();
+    let old = String::from_utf8(tg.cli(&["show", "--commit", &init], &[]).stdout).unwrap();
+    assert!(old.contains("(seq 0)") && old.contains(" 0 rows"), "{old}");
     let show = String::from_utf8(tg.cli(&["show"], &[]).stdout).unwrap();
     assert!(
         show.contains(&format!("{} rows", people.expected.len())),
