@@ -269,11 +269,7 @@ fn check_buckets(field: &str, n: u32) -> Result<()> {
 /// naming the field, so secrets never silently become empty strings.
 fn expand_env(value: &mut toml::Value, path: &str) -> Result<()> {
     match value {
-        toml::Value::String(s) => {
-            if s.contains("${") {
-                *s = expand_str(s, path)?;
-            }
-        }
+        toml::Value::String(s) if s.contains("${") => *s = expand_str(s, path)?,
         toml::Value::Array(items) => {
             for (i, v) in items.iter_mut().enumerate() {
                 expand_env(v, &format!("{path}[{i}]"))?;

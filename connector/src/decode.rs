@@ -252,13 +252,13 @@ impl RecordDecoder {
         if let Some(parts) = from_elsewhere {
             for (k, part) in self.ty.key.iter().zip(parts) {
                 let decoded = &cols[k];
-                for i in 0..recs.len() {
+                for (i, rec) in recs.iter().enumerate() {
                     if part.is_null(i) {
-                        return Err(decode_error(&recs[i], format!("missing key for @key {k}")));
+                        return Err(decode_error(rec, format!("missing key for @key {k}")));
                     }
                     if decoded.is_valid(i) && !same_value(decoded, &part, i)? {
                         return Err(decode_error(
-                            &recs[i],
+                            rec,
                             format!("value's {k} disagrees with the record key"),
                         ));
                     }

@@ -303,7 +303,7 @@ impl Graph {
             .iter()
             .map(parse_commit)
             .collect::<Result<_>>()?;
-        out.sort_by(|a, b| b.seq.cmp(&a.seq));
+        out.sort_by_key(|c| std::cmp::Reverse(c.seq));
         Ok(out)
     }
 
