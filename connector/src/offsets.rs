@@ -29,6 +29,50 @@ impl PollAck {
     }
 }
 
+/// Offsets seen in one poll, per partition, borrowed from the messages so
+/// the per-record path allocates nothing. A poll touches few partitions,
+/// so a linear scan beats hashing.
+#[derive(Debug, Default)]
+pub struct PollSpans<'a> {
+    spans: Vec<(&'a str, i32, i64, i64)>,
+    records: usize,
+}
+
+impl<'a> PollSpans<'a> {
+    pub fn record(&mut self, topic: &'a str, partition: i32, offset: i64) {
+        self.records += 1;
+        match self
+            .spans
+            .iter_mut()
+            .find(|(t, p, _, _)| *p == partition && *t == topic)
+        {
+            Some((_, _, lo, hi)) => {
+                *lo = (*lo).min(offset);
+                *hi = (*hi).max(offset);
+            }
+            None => self.spans.push((topic, partition, offset, offset)),
+        }
+    }
+
+    pub fn ack(&self) -> PollAck {
+        PollAck {
+            high: self
+                .spans
+                .iter()
+                .map(|(t, p, _, hi)| ((t.to_string(), *p), *hi))
+                .collect(),
+            records: self.records,
+        }
+    }
+
+    pub fn add_to(&self, written: &mut WrittenSpans) {
+        for (t, p, lo, hi) in &self.spans {
+            written.record(t, *p, *lo);
+            written.record(t, *p, *hi);
+        }
+    }
+}
+
 /// Contiguous durable progress per partition: `next` is the offset a
 /// commit may name (one past the last durable record).
 #[derive(Debug, Default)]
@@ -142,6 +186,20 @@ mod tests {
         let all = w.all();
         w.mark_committed(&all);
         assert!(w.uncommitted().is_empty());
+    }
+
+    #[test]
+    fn poll_spans_become_one_ack() {
+        let mut ps = PollSpans::default();
+        for (p, o) in [(0, 4), (1, 9), (0, 2), (0, 7)] {
+            ps.record("t", p, o);
+        }
+        let ack = ps.ack();
+        assert_eq!(ack.records, 4);
+        assert_eq!(ack.high[&("t".to_string(), 0)], 7);
+        let mut w = WrittenSpans::default();
+        ps.add_to(&mut w);
+        assert_eq!((w.ranges()[0].first, w.ranges()[0].last), (2, 7));
     }
 
     #[test]

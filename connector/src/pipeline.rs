@@ -22,7 +22,7 @@ use crate::decode::{RecordDecoder, SourceRecord};
 use crate::error::{Error, Result};
 use crate::fold::{self, CutRequest, FoldLoop, FreezeCut};
 use crate::graph::{Graph, GraphCommit};
-use crate::offsets::{DurableWatermarks, PollAck, TopicPartition, WrittenSpans};
+use crate::offsets::{DurableWatermarks, PollAck, PollSpans, TopicPartition, WrittenSpans};
 use crate::schema::GraphSchema;
 use crate::shards::{PendingWrite, ShardPool};
 
@@ -243,7 +243,7 @@ impl RunLoop<'_> {
             }
         }
         let mut by_topic: BTreeMap<&str, Vec<SourceRecord>> = BTreeMap::new();
-        let mut ack = PollAck::default();
+        let mut seen = PollSpans::default();
         for m in &msgs {
             let r = SourceRecord {
                 topic: m.topic(),
@@ -253,11 +253,12 @@ impl RunLoop<'_> {
                 key: m.key(),
                 value: m.payload(),
             };
-            ack.record(r.topic, r.partition, r.offset);
-            self.spans.record(r.topic, r.partition, r.offset);
+            seen.record(r.topic, r.partition, r.offset);
             self.pending_bytes += r.value.map_or(0, |v| v.len() as u64);
             by_topic.entry(r.topic).or_default().push(r);
         }
+        seen.add_to(&mut self.spans);
+        let ack = seen.ack();
         let mut writes: Vec<PendingWrite> = Vec::new();
         for (topic, records) in by_topic {
             let decoder = self
