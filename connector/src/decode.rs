@@ -536,6 +536,29 @@ mod tests {
     }
 
     #[test]
+    fn an_id_property_key_becomes_the_canonical_id() {
+        let s = GraphSchema::parse("node U { id: I64 @key  n: String? }", "t.pg").unwrap();
+        let m = Mapping {
+            topic: "t".into(),
+            node: "U".into(),
+            key: KeySource::default(),
+            buckets: None,
+        };
+        let mut d = RecordDecoder::new(s.get("U").unwrap(), &m, 10).unwrap();
+        let out = d
+            .decode(&[rec(0, None, Some(r#"{"id": 42, "n": "x"}"#))])
+            .unwrap();
+        let rows = out.upserts.unwrap();
+        assert_eq!(rows.schema().fields().len(), 1 + 1 + 4);
+        let id = rows
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        assert_eq!(id.value(0), "42");
+    }
+
+    #[test]
     fn composite_ids_are_json_arrays() {
         let parts: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from(vec!["acme"])),

@@ -93,6 +93,16 @@ impl GraphSchema {
                     n.name
                 ),
             })?;
+            if n.properties.contains_key(ID) && key != [ID] {
+                return Err(Error::Schema {
+                    path: path.into(),
+                    message: format!(
+                        "node {}: a property named id must be the node's single @key (it becomes the id column)",
+                        n.name
+                    ),
+                });
+            }
+            check_reserved(path, &n.name, n.properties.keys())?;
             for k in &key {
                 let t = &n.properties[k];
                 if t.list || matches!(t.scalar, ScalarType::Vector(_) | ScalarType::Blob) {
@@ -112,6 +122,17 @@ impl GraphSchema {
         let mut edges: Vec<_> = catalog.edge_types.values().collect();
         edges.sort_by(|a, b| a.name.cmp(&b.name));
         for e in edges {
+            if let Some(bad) = e
+                .properties
+                .keys()
+                .find(|p| [ID, "src", "dst"].contains(&p.as_str()))
+            {
+                return Err(Error::Schema {
+                    path: path.into(),
+                    message: format!("edge {}: property {bad} is reserved", e.name),
+                });
+            }
+            check_reserved(path, &e.name, e.properties.keys())?;
             types.push(GraphType::new(
                 &e.name,
                 TypeKind::Edge,
@@ -136,15 +157,16 @@ impl GraphSchema {
 
 impl GraphType {
     fn new(name: &str, kind: TypeKind, key: Vec<String>, catalog_schema: &Schema) -> GraphType {
-        // The catalog schema is `id` (+ `src`, `dst` for edges) + properties.
-        let reserved: &[&str] = match kind {
-            TypeKind::Node => &[ID],
-            TypeKind::Edge => &[ID, "src", "dst"],
+        // The catalog schema is `id` (+ `src`, `dst` for edges) + properties;
+        // skip by position, since a node may declare a property named `id`.
+        let skip = match kind {
+            TypeKind::Node => 1,
+            TypeKind::Edge => 3,
         };
         let props: Vec<Field> = catalog_schema
             .fields()
             .iter()
-            .filter(|f| !reserved.contains(&f.name().as_str()))
+            .skip(skip)
             .map(|f| f.as_ref().clone())
             .collect();
         let mut fields = vec![Field::new(ID, DataType::Utf8, false)
@@ -153,7 +175,8 @@ impl GraphType {
             fields.push(Field::new("src", DataType::Utf8, false));
             fields.push(Field::new("dst", DataType::Utf8, false));
         }
-        fields.extend(props.iter().cloned());
+        // A property `id` (only allowed as the single @key) is the id column.
+        fields.extend(props.iter().filter(|f| f.name() != ID).cloned());
         fields.extend(provenance_fields());
         let dir = match kind {
             TypeKind::Node => "nodes",
@@ -168,6 +191,19 @@ impl GraphType {
             table_schema: Arc::new(Schema::new(fields)),
         }
     }
+}
+
+/// Provenance column names are graphsink's; a property may not take one.
+fn check_reserved<'a>(path: &str, ty: &str, props: impl Iterator<Item = &'a String>) -> Result<()> {
+    for p in props {
+        if provenance_fields().iter().any(|f| f.name() == p) {
+            return Err(Error::Schema {
+                path: path.into(),
+                message: format!("{ty}: property {p} is reserved for provenance"),
+            });
+        }
+    }
+    Ok(())
 }
 
 pub fn provenance_fields() -> Vec<Field> {
@@ -270,10 +306,68 @@ mod tests {
     }
 
     #[test]
+    fn a_property_named_id_is_the_id_column() {
+        let s = GraphSchema::parse("node U { id: I64 @key  n: String? }", "x.pg").unwrap();
+        let u = s.get("U").unwrap();
+        let names: Vec<_> = u
+            .table_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        assert_eq!(&names[..2], ["id", "n"]);
+        assert!(u.properties.field_with_name("id").is_ok());
+        let e = GraphSchema::parse("node U { id: String  k: String @key }", "x.pg").unwrap_err();
+        assert!(e.to_string().contains("single @key"), "{e}");
+        let e =
+            GraphSchema::parse("node U { k: String @key  _src_offset: I64 }", "x.pg").unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{e}");
+    }
+
+    #[test]
     fn node_without_key_is_refused() {
         let e = GraphSchema::parse("node A { a: String }", "x.pg")
             .unwrap_err()
             .to_string();
         assert!(e.contains("@key"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod doc_schema_tests {
+    use super::*;
+
+    /// The example of SCHEMA.md: interfaces, composite keys, constraints,
+    /// edges with cardinality and uniqueness.
+    #[test]
+    fn schema_md_example_parses() {
+        let s = GraphSchema::parse(
+            r#"
+            interface Named { name: String @key }
+            node Person implements Named { age: I32?  email: String? @unique  @range(age, 0..200) }
+            node Order { code: String @key  @check(code, "^[A-Z]{3}-[0-9]+$") }
+            node Membership { tenant: String  slot: U32  label: String  @key(tenant, slot) }
+            node Decision { id_: String @key }
+            node Actor { handle: String @key @description("who") }
+            edge Knows: Person -> Person { since: Date? }
+            edge OwnedBy: Decision -> Actor @card(1..1)
+            edge Supersedes: Decision -> Decision { @unique(src, dst) }
+            "#,
+            "doc.pg",
+        )
+        .unwrap();
+        let p = s.get("Person").unwrap();
+        assert_eq!(p.key, vec!["name"]);
+        assert!(p.properties.field_with_name("name").is_ok());
+        assert_eq!(s.get("Membership").unwrap().key, vec!["tenant", "slot"]);
+        let k = s.get("Knows").unwrap();
+        assert_eq!(k.table, "edges/Knows");
+        let cols: Vec<_> = k
+            .table_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        assert_eq!(&cols[..4], ["id", "src", "dst", "since"]);
     }
 }
