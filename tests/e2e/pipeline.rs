@@ -523,3 +523,36 @@ async fn a_deletes_only_fold_advances() {
     let out = tg.cli(&["fold"], &[]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to fold"));
 }
+
+/// With the fold timer off, the pending-rows trigger alone folds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_rows_trigger_a_fold() {
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        "[fold]\ninterval = \"0s\"\nmax_pending_rows = 20\non_shutdown = false",
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 1).await;
+    let (tx, mut rx) = tokio::sync::watch::channel(None);
+    let options = graphsink::RunOptions {
+        published: Some(tx),
+        ..Default::default()
+    };
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));
+    produce(topic, &people(50, 50, 1).recs).await;
+    let commit = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|c| c.is_some()))
+        .await
+        .expect("a fold was triggered by pending rows")
+        .unwrap()
+        .clone()
+        .unwrap();
+    assert!(
+        commit.stats["nodes/Person"].upserted >= 20,
+        "{:?}",
+        commit.stats
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
