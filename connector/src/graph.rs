@@ -274,10 +274,16 @@ impl Graph {
 
     async fn head_at(&self, ds: &Dataset) -> Result<GraphCommit> {
         let head = read_rows(ds, &format!("object_id = '{HEAD_ID}'")).await?;
-        let id = head
+        let row = head
             .first()
-            .and_then(|r| r.commit_id.clone())
             .ok_or_else(|| Error::Corrupt(format!("{}: no graph head", self.root)))?;
+        if row.payload.is_some() {
+            return parse_commit(row);
+        }
+        let id = row
+            .commit_id
+            .clone()
+            .ok_or_else(|| Error::Corrupt(format!("{}: graph head names no commit", self.root)))?;
         self.commit_at(ds, &id).await
     }
 
@@ -447,15 +453,18 @@ impl ManifestRows {
             created_at: Some(c.created_at),
             ..Default::default()
         };
+        // The head carries a copy of its commit, so reading it is one lookup.
+        let payload = Some(serde_json::to_string(c).expect("serializable"));
         self.push(ManifestRow {
             object_id: HEAD_ID.into(),
             kind: "graph_head",
+            payload: payload.clone(),
             ..base.clone()
         });
         self.push(ManifestRow {
             object_id: format!("graph_commit:{}", c.id),
             kind: "graph_commit",
-            payload: Some(serde_json::to_string(c).expect("serializable")),
+            payload,
             ..base.clone()
         });
         for (table, version) in &c.tables {
