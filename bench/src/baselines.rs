@@ -1,0 +1,199 @@
+//! The two yardsticks graphsink is measured against, on the same topic with
+//! their own consumer groups: (a) a bare rdkafka consume+commit loop, the
+//! ceiling of what any consumer gets from this broker; (b) a direct bounded
+//! load into a plain Lance table (merge-insert per batch, then commit), the
+//! simplest correct sink without a WAL. Each returns records/s measured from
+//! its first fetched record until its final offsets are committed.
+
+use std::collections::HashSet;
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, RecordBatch, RecordBatchIterator, StringArray, UInt32Array};
+use arrow::compute::{concat_batches, take};
+use arrow_schema::{DataType, Field, Schema};
+use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched};
+use lance::Dataset;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::broker::BoxError;
+use crate::measure::Target;
+
+pub struct BaselineRun {
+    pub records: u64,
+    pub secs: f64,
+    pub batches: u64,
+}
+
+impl BaselineRun {
+    pub fn rate(&self) -> f64 {
+        self.records as f64 / self.secs
+    }
+}
+
+fn group_config(t: &Target, group: &str) -> ClientConfig {
+    // The same group settings graphsink uses, so the join costs the same.
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &t.bootstrap)
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false");
+    for (k, v) in &t.consumer_props {
+        cc.set(k, v);
+    }
+    cc
+}
+
+fn commit_list(t: &Target, next: &[i64]) -> Result<TopicPartitionList, BoxError> {
+    let mut tpl = TopicPartitionList::new();
+    for (p, &n) in next.iter().enumerate() {
+        if n > 0 {
+            tpl.add_partition_offset(&t.topic, p as i32, Offset::Offset(n))?;
+        }
+    }
+    Ok(tpl)
+}
+
+fn done(next: &[i64], ends: &[i64]) -> bool {
+    next.iter().zip(ends).all(|(n, e)| n >= e)
+}
+
+/// (a) Poll, remember the next offset per partition, commit every second
+/// (async, as graphsink does), and synchronously at the end.
+pub fn bare(t: &Target, group: &str, ends: &[i64]) -> Result<BaselineRun, BoxError> {
+    bare_loop(t, group, &AtomicU64::new(0), &|next| done(next, ends))
+}
+
+/// The bare loop until `stop(next offsets)` says so; `seen` counts records
+/// as they arrive (the live phase waits on it to know the group joined).
+pub fn bare_loop(
+    t: &Target,
+    group: &str,
+    seen: &AtomicU64,
+    stop: &dyn Fn(&[i64]) -> bool,
+) -> Result<BaselineRun, BoxError> {
+    let c: BaseConsumer = group_config(t, group).create()?;
+    c.subscribe(&[&t.topic])?;
+    let mut next = vec![0i64; t.partitions as usize];
+    let mut records = 0u64;
+    let mut first: Option<Instant> = None;
+    let mut last_commit = Instant::now();
+    let mut commits = 0u64;
+    while !stop(&next) {
+        if let Some(m) = c.poll(Duration::from_millis(100)) {
+            let m = m?;
+            first.get_or_insert_with(Instant::now);
+            next[m.partition() as usize] = m.offset() + 1;
+            records += 1;
+            seen.fetch_add(1, Ordering::Relaxed);
+        }
+        if last_commit.elapsed() >= Duration::from_secs(1) {
+            c.commit(&commit_list(t, &next)?, CommitMode::Async)?;
+            last_commit = Instant::now();
+            commits += 1;
+        }
+    }
+    c.commit(&commit_list(t, &next)?, CommitMode::Sync)?;
+    let first = first.ok_or("bare consumer read nothing")?;
+    Ok(BaselineRun {
+        records,
+        secs: first.elapsed().as_secs_f64(),
+        batches: commits + 1,
+    })
+}
+
+/// The columns the direct load keeps: exactly the JSON value's fields.
+fn item_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("sku", DataType::Utf8, false),
+        Field::new("seq", DataType::Int64, false),
+        Field::new("pad", DataType::Utf8, false),
+    ]))
+}
+
+/// Keeps the last row per `sku`: Lance refuses a merge-insert whose source
+/// has two rows for one key, and Kafka order means the last one wins.
+fn last_per_key(batch: &RecordBatch) -> Result<RecordBatch, BoxError> {
+    let keys = batch
+        .column(0)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .ok_or("sku is not utf8")?;
+    let mut seen = HashSet::with_capacity(keys.len());
+    let mut keep: Vec<u32> = (0..keys.len() as u32)
+        .rev()
+        .filter(|&i| seen.insert(keys.value(i as usize)))
+        .collect();
+    keep.reverse();
+    let idx = UInt32Array::from(keep);
+    let cols = batch
+        .columns()
+        .iter()
+        .map(|c| take(c.as_ref(), &idx, None))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(batch.schema(), cols)?)
+}
+
+/// (b) Consume up to `batch` records (or to the end), decode the JSON values
+/// with arrow-json, merge-insert into one Lance table keyed on `sku`, then
+/// commit the batch's offsets synchronously. No WAL, no graph commit.
+pub async fn direct(
+    t: &Target,
+    group: &str,
+    ends: &[i64],
+    uri: &str,
+    batch: usize,
+) -> Result<BaselineRun, BoxError> {
+    let c: StreamConsumer = group_config(t, group).create()?;
+    c.subscribe(&[&t.topic])?;
+    let schema = item_schema();
+    let mut next = vec![0i64; t.partitions as usize];
+    let mut ds: Option<Arc<Dataset>> = None;
+    let (mut records, mut batches) = (0u64, 0u64);
+    let mut first: Option<Instant> = None;
+    while !done(&next, ends) {
+        let mut json = Vec::with_capacity(batch * 128);
+        let mut n = 0usize;
+        while n < batch && !done(&next, ends) {
+            let m = c.recv().await?;
+            first.get_or_insert_with(Instant::now);
+            json.extend_from_slice(m.payload().unwrap_or(b"null"));
+            json.push(b'\n');
+            next[m.partition() as usize] = m.offset() + 1;
+            n += 1;
+        }
+        let reader = arrow_json::ReaderBuilder::new(schema.clone())
+            .with_batch_size(n.max(1))
+            .build(Cursor::new(json))?;
+        let parts = reader.collect::<Result<Vec<_>, _>>()?;
+        let rows = last_per_key(&concat_batches(&schema, &parts)?)?;
+        ds = Some(match ds.take() {
+            None => {
+                let it = RecordBatchIterator::new(vec![Ok(rows)], schema.clone());
+                Arc::new(Dataset::write(it, uri, None).await?)
+            }
+            Some(d) => {
+                let mut b = MergeInsertBuilder::try_new(d, vec!["sku".into()])?;
+                b.when_matched(WhenMatched::UpdateAll)
+                    .when_not_matched(WhenNotMatched::InsertAll);
+                b.try_build()?.execute_batches(vec![rows]).await?.0
+            }
+        });
+        c.commit(&commit_list(t, &next)?, CommitMode::Sync)?;
+        records += n as u64;
+        batches += 1;
+    }
+    let first = first.ok_or("direct load read nothing")?;
+    Ok(BaselineRun {
+        records,
+        secs: first.elapsed().as_secs_f64(),
+        batches,
+    })
+}

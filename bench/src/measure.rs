@@ -1,0 +1,294 @@
+//! Measuring graphsink itself, in-process through `run_with`: throughput,
+//! durable-ack and graph-visible latency, fold cost, peak RSS. Owns the
+//! samplers (committed offsets, first fetch, published commits) and the
+//! arithmetic on them; the phases are driven from main.rs.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+
+use graphsink::graph::GraphCommit;
+use graphsink::RunStats;
+
+use crate::broker::BoxError;
+
+/// Wall clock in fractional milliseconds since the epoch: the unit of Kafka
+/// record timestamps, so latencies are plain differences.
+pub fn now_ms() -> f64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    d.as_secs_f64() * 1e3
+}
+
+/// What every phase shares: the broker, the topic and its end offsets.
+#[derive(Clone)]
+pub struct Target {
+    pub bootstrap: String,
+    pub topic: String,
+    pub partitions: i32,
+    /// Extra librdkafka properties for every measured consumer (graphsink
+    /// and both baselines alike), e.g. `fetch.wait.max.ms`.
+    pub consumer_props: Vec<(String, String)>,
+}
+
+impl Target {
+    pub fn end_offsets(&self) -> Result<Vec<i64>, BoxError> {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()?;
+        (0..self.partitions)
+            .map(|p| {
+                Ok(c.fetch_watermarks(&self.topic, p, Duration::from_secs(10))?
+                    .1)
+            })
+            .collect()
+    }
+}
+
+/// Polls the group's committed offsets (OffsetFetch, like `kafka-consumer-
+/// groups --describe`) every `every` on its own thread. Its resolution is
+/// the poll interval plus one broker round trip; a commit is seen at the
+/// first poll after the broker stored it.
+pub struct CommitSampler {
+    stop: Arc<AtomicBool>,
+    latest: Arc<Mutex<Vec<i64>>>,
+    thread: Option<std::thread::JoinHandle<Result<Vec<(f64, Vec<i64>)>, String>>>,
+}
+
+impl CommitSampler {
+    pub fn start(t: &Target, group: &str, every: Duration) -> Result<CommitSampler, BoxError> {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &t.bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..t.partitions {
+            tpl.add_partition(&t.topic, p);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let n = t.partitions as usize;
+        let latest = Arc::new(Mutex::new(vec![0i64; n]));
+        let shared = latest.clone();
+        // Never subscribes, so it never joins the group it watches.
+        let thread = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let got = c
+                    .committed_offsets(tpl.clone(), Duration::from_secs(5))
+                    .map_err(|e| e.to_string())?;
+                let t = now_ms();
+                let mut row = vec![0i64; n];
+                for e in got.elements() {
+                    if let Offset::Offset(o) = e.offset() {
+                        row[e.partition() as usize] = o;
+                    }
+                }
+                shared.lock().unwrap().clone_from(&row);
+                samples.push((t, row));
+                std::thread::sleep(every);
+            }
+            Ok(samples)
+        });
+        Ok(CommitSampler {
+            stop,
+            latest,
+            thread: Some(thread),
+        })
+    }
+
+    /// The most recent committed offsets seen, per partition.
+    pub fn latest(&self) -> Vec<i64> {
+        self.latest.lock().unwrap().clone()
+    }
+
+    pub fn finish(mut self) -> Result<Vec<(f64, Vec<i64>)>, BoxError> {
+        self.stop.store(true, Ordering::Relaxed);
+        let h = self.thread.take().expect("finished once");
+        Ok(h.join().map_err(|_| "commit sampler panicked")??)
+    }
+}
+
+impl Drop for CommitSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// First sample at which every partition's committed offset reached `ends`.
+pub fn all_committed_at(samples: &[(f64, Vec<i64>)], ends: &[i64]) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(_, row)| row.iter().zip(ends).all(|(c, e)| c >= e))
+        .map(|(t, _)| *t)
+}
+
+/// Per record: when its offset was first seen committed (`None`: never).
+pub fn commit_latencies(samples: &[(f64, Vec<i64>)], records: &[(i32, i64, i64)]) -> Vec<f64> {
+    records
+        .iter()
+        .filter_map(|&(p, off, ts)| {
+            // Samples are in time order and committed offsets only grow, so
+            // the first sample past `off` is found by binary search.
+            let i = samples.partition_point(|(_, row)| row[p as usize] <= off);
+            samples.get(i).map(|(t, _)| t - ts as f64)
+        })
+        .collect()
+}
+
+/// Watches `RunStats.consumed` at 1 ms and returns (time, count) when it
+/// first moves. The counter moves only once the first poll (up to
+/// `max_poll_records`) is decoded and handed to the WAL, so the fetch of
+/// those records happened earlier; callers therefore time only the records
+/// after that count, from that moment (otherwise a 5,000-record first poll
+/// would be "free" and inflate small runs).
+pub fn first_fetch(stats: Arc<RunStats>) -> tokio::task::JoinHandle<(f64, u64)> {
+    tokio::spawn(async move {
+        loop {
+            let n = stats.consumed.load(Ordering::Relaxed);
+            if n > 0 {
+                return (now_ms(), n);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+}
+
+/// Every published commit with the time this task saw it. A `watch` keeps
+/// only the latest value, so a commit replaced before we woke is missed; the
+/// seq numbers tell, and `missed` counts them (their records are then
+/// attributed to the next commit seen: an overestimate, never an under-).
+#[derive(Default, Clone)]
+pub struct Published {
+    pub seen: Vec<(f64, GraphCommit)>,
+    pub missed: u64,
+}
+
+pub fn watch_published(
+    mut rx: watch::Receiver<Option<GraphCommit>>,
+) -> (Arc<Mutex<Published>>, tokio::task::JoinHandle<()>) {
+    let out = Arc::new(Mutex::new(Published::default()));
+    let sink = out.clone();
+    let h = tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let t = now_ms();
+            let Some(c) = rx.borrow_and_update().clone() else {
+                continue;
+            };
+            let mut p = sink.lock().unwrap();
+            if let Some((_, last)) = p.seen.last() {
+                p.missed += c.seq.saturating_sub(last.seq + 1);
+            }
+            p.seen.push((t, c));
+        }
+    });
+    (out, h)
+}
+
+/// Per record: the first seen commit at or after which it is in the graph.
+pub fn visible_latencies(
+    published: &Published,
+    topic: &str,
+    records: &[(i32, i64, i64)],
+) -> (Vec<f64>, usize) {
+    let mut out = Vec::with_capacity(records.len());
+    let mut unseen = 0;
+    for &(p, off, ts) in records {
+        let mut found = None;
+        // A missed commit's ranges are not in `seen`; a later one covering
+        // higher offsets of the partition also proves visibility (commits
+        // are cumulative: the head includes every earlier commit).
+        for (t, c) in &published.seen {
+            if c.offsets
+                .iter()
+                .any(|r| r.topic == topic && r.partition == p && r.last >= off)
+            {
+                found = Some(*t);
+                break;
+            }
+        }
+        match found {
+            Some(t) => out.push(t - ts as f64),
+            None => unseen += 1,
+        }
+    }
+    (out, unseen)
+}
+
+/// (p50, p99, max) of a sample, in the sample's unit.
+pub fn percentiles(mut v: Vec<f64>) -> Option<(f64, f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+    Some((at(0.50), at(0.99), v[v.len() - 1]))
+}
+
+/// Resets the kernel's peak-RSS mark (Linux ≥ 4.0: writing 5 to clear_refs),
+/// so each phase's VmHWM is its own peak rather than the bench's lifetime
+/// peak. Memory the allocator kept from earlier phases still counts.
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// VmHWM in MiB.
+pub fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// The connector config for one phase, as the TOML a user would write.
+pub fn graphsink_config(
+    t: &Target,
+    dir: &Path,
+    root: &str,
+    group: &str,
+    buckets: u32,
+    fold: &str,
+) -> Result<graphsink::Config, BoxError> {
+    std::fs::write(dir.join("bench.pg"), crate::workload::SCHEMA)?;
+    let text = format!(
+        r#"
+[graph]
+root = "{root}"
+schema = "bench.pg"
+actor = "graphsink-bench"
+
+[kafka]
+"bootstrap.servers" = "{bs}"
+"group.id" = "{group}"
+{extra}
+
+[wal]
+buckets = {buckets}
+
+[fold]
+{fold}
+
+[[mapping]]
+topic = "{topic}"
+node = "{node}"
+key = "value"
+"#,
+        bs = t.bootstrap,
+        topic = t.topic,
+        node = crate::workload::NODE,
+        extra = t
+            .consumer_props
+            .iter()
+            .map(|(k, v)| format!("{k:?} = {v:?}\n"))
+            .collect::<String>(),
+    );
+    Ok(graphsink::Config::from_toml(&text, dir)?)
+}

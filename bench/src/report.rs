@@ -1,0 +1,150 @@
+//! The result of one bench run: a table on stdout and the same figures as
+//! JSON. Owns formatting only.
+
+use serde::Serialize;
+
+#[derive(Serialize, Default, Clone, Copy)]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub samples: usize,
+}
+
+impl Latency {
+    pub fn of(v: Vec<f64>) -> Option<Latency> {
+        let samples = v.len();
+        crate::measure::percentiles(v).map(|(p50_ms, p99_ms, max_ms)| Latency {
+            p50_ms,
+            p99_ms,
+            max_ms,
+            samples,
+        })
+    }
+}
+
+#[derive(Serialize, Default)]
+pub struct Report {
+    pub build: &'static str,
+    pub broker: String,
+    pub workload: serde_json::Value,
+    pub produce_records_per_s: f64,
+    pub graphsink_records_per_s: f64,
+    pub graphsink_secs: f64,
+    pub graphsink_timed_records: u64,
+    pub graphsink_commits_published: usize,
+    pub graphsink_peak_rss_mib: Option<f64>,
+    pub graphsink_nofold_records_per_s: f64,
+    pub graphsink_nofold_peak_rss_mib: Option<f64>,
+    pub fold_peak_rss_mib: Option<f64>,
+    pub bare_records_per_s: f64,
+    pub bare_peak_rss_mib: Option<f64>,
+    pub direct_records_per_s: f64,
+    pub direct_batches: u64,
+    pub direct_peak_rss_mib: Option<f64>,
+    pub ratio_graphsink_bare: f64,
+    pub ratio_graphsink_direct: f64,
+    pub latency_rate_records_per_s: u64,
+    pub latency_records: usize,
+    pub durable_ack_latency: Option<Latency>,
+    pub graph_visible_latency: Option<Latency>,
+    pub bare_durable_ack_latency: Option<Latency>,
+    pub graph_visible_unseen: usize,
+    pub published_missed: u64,
+    pub commit_sample_interval_ms: u64,
+    pub fold_rows: u64,
+    pub fold_secs: f64,
+    pub fold_rows_per_s: f64,
+    pub fold_upserted: u64,
+    pub notes: Vec<String>,
+}
+
+fn lat(l: &Option<Latency>) -> String {
+    match l {
+        Some(l) => format!(
+            "p50 {:>8.1} ms   p99 {:>8.1} ms   max {:>8.1} ms   (n={})",
+            l.p50_ms, l.p99_ms, l.max_ms, l.samples
+        ),
+        None => "n/a".into(),
+    }
+}
+
+fn rss(m: Option<f64>) -> String {
+    m.map_or("n/a".into(), |m| format!("{m:.0} MiB"))
+}
+
+impl Report {
+    pub fn print(&self) {
+        println!(
+            "graphsink-bench ({} build) broker {}",
+            self.build, self.broker
+        );
+        println!("workload {}", self.workload);
+        println!("{:-<78}", "");
+        println!(
+            "{:<34} {:>14} {:>12} {:>14}",
+            "", "records/s", "vs bare", "peak RSS"
+        );
+        let row = |name: &str, r: f64, m: Option<f64>| {
+            let vs = if self.bare_records_per_s > 0.0 {
+                r / self.bare_records_per_s
+            } else {
+                f64::NAN
+            };
+            println!("{name:<34} {r:>14.0} {vs:>12.3} {:>14}", rss(m));
+        };
+        row(
+            "(a) bare rdkafka consume+commit",
+            self.bare_records_per_s,
+            self.bare_peak_rss_mib,
+        );
+        row(
+            "(b) direct load (Lance, no WAL)",
+            self.direct_records_per_s,
+            self.direct_peak_rss_mib,
+        );
+        row(
+            "graphsink end to end (durable)",
+            self.graphsink_records_per_s,
+            self.graphsink_peak_rss_mib,
+        );
+        println!(
+            "  ({} records timed in {:.2} s, {} graph commits published)",
+            self.graphsink_timed_records, self.graphsink_secs, self.graphsink_commits_published
+        );
+        row(
+            "graphsink, folding off",
+            self.graphsink_nofold_records_per_s,
+            self.graphsink_nofold_peak_rss_mib,
+        );
+        println!("{:-<78}", "");
+        println!("ratio graphsink/bare    {:.3}", self.ratio_graphsink_bare);
+        println!("ratio graphsink/direct  {:.3}", self.ratio_graphsink_direct);
+        println!("durable-ack latency     {}", lat(&self.durable_ack_latency));
+        println!(
+            "graph-visible latency   {}",
+            lat(&self.graph_visible_latency)
+        );
+        println!(
+            "bare commit latency     {}",
+            lat(&self.bare_durable_ack_latency)
+        );
+        println!("  (paced {} records/s, {} records; {} never seen visible; {} published commits missed by the watch)",
+            self.latency_rate_records_per_s, self.latency_records, self.graph_visible_unseen, self.published_missed);
+        println!(
+            "fold                    {} rows in {:.2} s = {:.0} rows/s ({} upserted), peak RSS {}",
+            self.fold_rows,
+            self.fold_secs,
+            self.fold_rows_per_s,
+            self.fold_upserted,
+            rss(self.fold_peak_rss_mib)
+        );
+        println!(
+            "producer (not measured) {:.0} records/s",
+            self.produce_records_per_s
+        );
+        for n in &self.notes {
+            println!("note: {n}");
+        }
+    }
+}
