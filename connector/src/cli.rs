@@ -1,4 +1,5 @@
-//! The command line: `check`, `run`, `fold`, `log`, `show`, `produce`.
+//! The command line: `check`, `run`, `fold`, `log`, `show`, `status`,
+//! `rejects`, `replay-rejects`, `produce`.
 //! Every error ends as one readable line and a non-zero exit.
 
 use std::path::PathBuf;
@@ -6,15 +7,21 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arrow::array::{RecordBatch, TimestampMillisecondArray};
 use clap::{Parser, Subcommand};
+use futures::TryStreamExt;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::graph::{self, Graph, GraphCommit};
 use crate::pipeline::{run_with, RunOptions};
+use crate::rejects::{self, Reject, Stage, REJECTS_TABLE};
 use crate::schema::GraphSchema;
 
 #[derive(Parser)]
@@ -64,6 +71,45 @@ enum Command {
         config: PathBuf,
         #[arg(long)]
         commit: Option<String>,
+    },
+    /// The head commit, deferred edges, rejects, and the consumer group's
+    /// lag per partition of the mapped topics.
+    Status {
+        #[arg(long)]
+        config: PathBuf,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rows of `_ingest_rejects` at the head commit, oldest first.
+    Rejects {
+        #[arg(long)]
+        config: PathBuf,
+        #[command(flatten)]
+        filter: RejectFilter,
+        /// Show at most this many (the oldest that match).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-produce the original records of rejects (key, value, headers
+    /// without graphsink's, timestamp) to a topic, oldest first.
+    ReplayRejects {
+        #[arg(long)]
+        config: PathBuf,
+        /// Topic to produce to (e.g. a mapped source topic, after a fix).
+        #[arg(long, value_name = "TOPIC")]
+        to: String,
+        #[command(flatten)]
+        filter: RejectFilter,
+        /// Replay at most this many (the oldest that match); default all.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// List what would be replayed; produce nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Produce JSON-lines records (`{"key": .., "value": ..}`) to a topic,
     /// creating it if missing. For samples and tests.
@@ -162,6 +208,20 @@ async fn dispatch(cmd: Command) -> Result<()> {
             }
             Ok(())
         }
+        Command::Status { config, json } => status(&config, json).await,
+        Command::Rejects {
+            config,
+            filter,
+            limit,
+            json,
+        } => list_rejects(&config, &filter, limit, json).await,
+        Command::ReplayRejects {
+            config,
+            to,
+            filter,
+            limit,
+            dry_run,
+        } => replay_rejects(&config, &to, &filter, limit, dry_run).await,
         Command::Produce {
             config,
             topic,
@@ -174,20 +234,8 @@ async fn dispatch(cmd: Command) -> Result<()> {
 fn check(path: &std::path::Path) -> Result<()> {
     let config = Config::load(path)?;
     let schema = GraphSchema::load(&config.schema_path())?;
-    for (i, m) in config.mappings.iter().enumerate() {
-        let ty = schema.get(&m.node).ok_or_else(|| {
-            Error::config(format!(
-                "mapping[{i}].node: type {:?} is not in the schema",
-                m.node
-            ))
-        })?;
-        if ty.kind != crate::schema::TypeKind::Node {
-            return Err(Error::config(format!(
-                "mapping[{i}].node: {} is an edge type; edge mappings are not supported yet",
-                m.node
-            )));
-        }
-        crate::decode::RecordDecoder::new(ty, m, 1)?;
+    for m in &config.mappings {
+        crate::decode::RecordDecoder::new(&schema, m, 1, config.errors.max_record_bytes)?;
     }
     println!(
         "ok: {} mappings, {} types, graph root {}",
@@ -286,19 +334,7 @@ async fn produce(
     partitions: i32,
 ) -> Result<()> {
     let config = Config::load(path)?;
-    let cc = crate::consumer::client_config(&config);
-    let mut pc = rdkafka::ClientConfig::new();
-    for k in [
-        "bootstrap.servers",
-        "security.protocol",
-        "sasl.mechanisms",
-        "sasl.username",
-        "sasl.password",
-    ] {
-        if let Some(v) = cc.get(k) {
-            pc.set(k, v);
-        }
-    }
+    let mut pc = connection_config(&config);
     let admin: AdminClient<_> = pc.create()?;
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     let res = admin.create_topics([&new], &AdminOptions::new()).await?;
@@ -344,4 +380,736 @@ async fn produce(
     producer.flush(Duration::from_secs(30))?;
     println!("produced {sent} records to {topic}");
     Ok(())
+}
+
+/// The `[kafka]` properties a producer or admin client needs to reach the
+/// cluster (addresses, TLS, SASL), without the consumer-group ones.
+fn connection_config(config: &Config) -> rdkafka::ClientConfig {
+    let mut cc = rdkafka::ClientConfig::new();
+    for (k, v) in &config.kafka {
+        let connection = matches!(
+            k.as_str(),
+            "bootstrap.servers" | "client.id" | "security.protocol" | "broker.address.family"
+        ) || ["sasl.", "ssl.", "socket."]
+            .iter()
+            .any(|p| k.starts_with(p));
+        if connection {
+            cc.set(k, v);
+        }
+    }
+    cc
+}
+
+fn fmt_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| ms.to_string())
+}
+
+/// `3m 12s`, to the second.
+fn fmt_age(ms: i64) -> String {
+    let secs = u64::try_from(ms.max(0) / 1000).unwrap_or(0);
+    humantime_serde::re::humantime::format_duration(Duration::from_secs(secs)).to_string()
+}
+
+/// A client context for one-shot commands: librdkafka's connection errors
+/// and logs go to debug, since the command reports a failure once, as its
+/// error line (`RUST_LOG=rdkafka=debug` shows them).
+struct QuietContext;
+
+impl rdkafka::ClientContext for QuietContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        tracing::debug!(target: "rdkafka::client", ?level, fac, "librdkafka: {message}");
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        tracing::debug!(target: "rdkafka::client", "librdkafka: {error}: {reason}");
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
+// ---- rejects, replay-rejects ----------------------------------------------
+
+/// Which rejects `rejects` and `replay-rejects` select.
+#[derive(clap::Args, Debug, Clone, Default)]
+struct RejectFilter {
+    /// Only rejects of this stage: decode, validate or fold.
+    #[arg(long, value_parser = parse_stage)]
+    stage: Option<Stage>,
+    /// Only rejects of this graph type.
+    #[arg(long = "type", value_name = "TYPE")]
+    type_name: Option<String>,
+    /// Only rejects at or after this time: RFC 3339 (`2026-01-01T00:00:00Z`)
+    /// or a duration ago (`10m`, `2h 30m`, `1d`).
+    #[arg(long, value_name = "TIME", value_parser = parse_since)]
+    since: Option<i64>,
+}
+
+impl RejectFilter {
+    /// The filter as a Lance scan predicate (DataFusion SQL), if any.
+    fn to_sql(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some(s) = self.stage {
+            parts.push(format!("stage = {}", sql_string(s.as_str())));
+        }
+        if let Some(t) = &self.type_name {
+            parts.push(format!("type_name = {}", sql_string(t)));
+        }
+        if let Some(ms) = self.since {
+            parts.push(format!("rejected_at >= {}", sql_timestamp(ms)));
+        }
+        (!parts.is_empty()).then(|| parts.join(" AND "))
+    }
+}
+
+fn parse_stage(s: &str) -> std::result::Result<Stage, String> {
+    match s {
+        "decode" => Ok(Stage::Decode),
+        "validate" => Ok(Stage::Validate),
+        "fold" => Ok(Stage::Fold),
+        _ => Err("expected decode, validate or fold".into()),
+    }
+}
+
+fn parse_since(s: &str) -> std::result::Result<i64, String> {
+    parse_since_at(s, graph::now_ms())
+}
+
+/// `--since` as epoch milliseconds: an RFC 3339 time, or `now` minus a
+/// humantime duration.
+fn parse_since_at(s: &str, now_ms: i64) -> std::result::Result<i64, String> {
+    let s = s.trim();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.timestamp_millis());
+    }
+    match humantime_serde::re::humantime::parse_duration(s) {
+        Ok(d) => i64::try_from(d.as_millis())
+            .ok()
+            .and_then(|d| now_ms.checked_sub(d))
+            .filter(|&ms| chrono::DateTime::from_timestamp_millis(ms).is_some())
+            .ok_or_else(|| format!("duration {s:?} reaches too far back")),
+        Err(e) => Err(format!(
+            "expected an RFC 3339 time (2026-01-01T00:00:00Z) or a duration ago (10m, 2h): {e}"
+        )),
+    }
+}
+
+/// A SQL string literal.
+fn sql_string(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// A SQL timestamp literal of epoch milliseconds, in UTC. Lance parses it as
+/// a zone-less timestamp, which DataFusion compares with the UTC column as
+/// UTC.
+fn sql_timestamp(ms: i64) -> String {
+    let t = chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default();
+    format!("TIMESTAMP '{}'", t.format("%Y-%m-%d %H:%M:%S%.3f"))
+}
+
+/// The rejects the head commit pins that match `filter`, oldest first (by
+/// `rejected_at`, then source coordinates).
+async fn select_rejects(
+    graph: &Graph,
+    head: &GraphCommit,
+    filter: &RejectFilter,
+) -> Result<Vec<Reject>> {
+    let Some(&version) = head.tables.get(REJECTS_TABLE) else {
+        return Ok(vec![]);
+    };
+    let ds = graph.open_table(REJECTS_TABLE, Some(version)).await?;
+    scan_rejects(&ds, filter).await
+}
+
+async fn scan_rejects(ds: &lance::Dataset, filter: &RejectFilter) -> Result<Vec<Reject>> {
+    let mut scan = ds.scan();
+    if let Some(sql) = filter.to_sql() {
+        scan.filter(&sql)
+            .ctx(format!("{REJECTS_TABLE} filter {sql}"))?;
+    }
+    let batches: Vec<RecordBatch> = scan
+        .try_into_stream()
+        .await
+        .ctx(REJECTS_TABLE)?
+        .try_collect()
+        .await
+        .ctx(REJECTS_TABLE)?;
+    let mut out = Vec::new();
+    for b in &batches {
+        out.extend(rejects::from_batch(b)?);
+    }
+    out.sort_by(|a, b| {
+        (a.rejected_at, a.offset, &a.topic, a.partition, &a.reject_id).cmp(&(
+            b.rejected_at,
+            b.offset,
+            &b.topic,
+            b.partition,
+            &b.reject_id,
+        ))
+    });
+    Ok(out)
+}
+
+/// `1 reject`, `3 rejects`.
+fn rejects_n(n: usize) -> String {
+    format!("{n} reject{}", if n == 1 { "" } else { "s" })
+}
+
+/// One readable line: time, stage, code, type, source, id, message.
+fn reject_line(r: &Reject) -> String {
+    let source = match (&r.topic, r.partition, r.offset) {
+        (Some(t), Some(p), Some(o)) => format!("{t}/{p}@{o}"),
+        _ => "-".to_string(),
+    };
+    format!(
+        "{}  {:<8}  {:<18}  {:<12}  {}  {}  {}",
+        fmt_ms(r.rejected_at),
+        r.stage.as_str(),
+        r.code.as_str(),
+        r.type_name.as_deref().unwrap_or("-"),
+        source,
+        r.reject_id,
+        one_line(&r.message)
+    )
+}
+
+/// Bytes as JSON: a string when they are UTF-8, else `{"base64": ".."}`.
+fn bytes_json(b: &[u8]) -> serde_json::Value {
+    use base64::Engine;
+    match std::str::from_utf8(b) {
+        Ok(s) => serde_json::Value::String(s.to_string()),
+        Err(_) => serde_json::json!({
+            "base64": base64::engine::general_purpose::STANDARD.encode(b)
+        }),
+    }
+}
+
+/// A reject as JSON: its serde form, with key, value and header values as
+/// text (or base64) instead of byte arrays.
+fn reject_json(r: &Reject) -> serde_json::Value {
+    let mut v = serde_json::to_value(r).expect("a reject serializes");
+    let o = v.as_object_mut().expect("a reject is an object");
+    let opt = |b: &Option<Vec<u8>>| b.as_deref().map_or(serde_json::Value::Null, bytes_json);
+    o.insert("key".into(), opt(&r.key));
+    o.insert("value".into(), opt(&r.value));
+    o.insert(
+        "headers".into(),
+        r.headers
+            .iter()
+            .map(|(k, v)| serde_json::json!([k, opt(v)]))
+            .collect(),
+    );
+    v
+}
+
+async fn list_rejects(
+    path: &std::path::Path,
+    filter: &RejectFilter,
+    limit: usize,
+    json: bool,
+) -> Result<()> {
+    let config = Config::load(path)?;
+    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let head = graph.head().await?;
+    let selected = select_rejects(&graph, &head, filter).await?;
+    for r in selected.iter().take(limit) {
+        if json {
+            println!("{}", reject_json(r));
+        } else {
+            println!("{}", reject_line(r));
+        }
+    }
+    if selected.len() > limit {
+        eprintln!(
+            "{limit} of {} (oldest first; raise --limit for more)",
+            rejects_n(selected.len())
+        );
+    } else {
+        eprintln!("{}", rejects_n(selected.len()));
+    }
+    Ok(())
+}
+
+async fn replay_rejects(
+    path: &std::path::Path,
+    to: &str,
+    filter: &RejectFilter,
+    limit: Option<usize>,
+    dry_run: bool,
+) -> Result<()> {
+    let config = Config::load(path)?;
+    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let head = graph.head().await?;
+    let mut selected = select_rejects(&graph, &head, filter).await?;
+    if let Some(n) = limit {
+        selected.truncate(n);
+    }
+    // Fold rejects of deletes carry no original record.
+    let (replay, skipped): (Vec<Reject>, Vec<Reject>) = selected
+        .into_iter()
+        .partition(|r| r.key.is_some() || r.value.is_some());
+    let skipped = skipped.len();
+    if dry_run {
+        for r in &replay {
+            println!("{}", reject_line(r));
+        }
+        println!(
+            "would replay {} to {to} (skipped {skipped})",
+            rejects_n(replay.len())
+        );
+        return Ok(());
+    }
+    if !replay.is_empty() {
+        produce_rejects(&config, to, &replay).await?;
+    }
+    println!(
+        "replayed {} to {to} (skipped {skipped})",
+        rejects_n(replay.len())
+    );
+    Ok(())
+}
+
+/// Produces the original records of `rejects` to `topic` in order, with
+/// `acks=all`, and waits for every delivery; any failure is an error.
+async fn produce_rejects(config: &Config, topic: &str, rejects: &[Reject]) -> Result<()> {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+    let producer: FutureProducer<QuietContext> = connection_config(config)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", "30000")
+        .create_with_context(QuietContext)?;
+    // A missing topic would only show as a delivery timeout.
+    let servers = config
+        .kafka
+        .get("bootstrap.servers")
+        .map_or("", String::as_str);
+    let md = tokio::task::block_in_place(|| {
+        producer
+            .client()
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+    })
+    .map_err(|e| {
+        Error::Other(format!(
+            "kafka at {servers}: cannot fetch metadata of {topic}: {e}"
+        ))
+    })?;
+    let unknown = md.topics().iter().any(|t| {
+        t.name() == topic
+            && t.error().map(rdkafka::types::RDKafkaErrorCode::from)
+                == Some(RDKafkaErrorCode::UnknownTopicOrPartition)
+    });
+    if unknown {
+        return Err(Error::config(format!(
+            "topic {topic} does not exist at {servers} (create it first)"
+        )));
+    }
+    let mut deliveries = Vec::with_capacity(rejects.len());
+    for r in rejects {
+        let mut h = OwnedHeaders::new_with_capacity(r.headers.len());
+        for (k, v) in r
+            .headers
+            .iter()
+            .filter(|(k, _)| !rejects::headers::is_ours(k))
+        {
+            h = h.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(h);
+        if let Some(k) = r.key.as_deref() {
+            rec = rec.key(k);
+        }
+        if let Some(v) = r.value.as_deref() {
+            rec = rec.payload(v);
+        }
+        if let Some(ts) = r.timestamp {
+            rec = rec.timestamp(ts);
+        }
+        loop {
+            match producer.send_result(rec) {
+                Ok(d) => {
+                    deliveries.push((r, d));
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    rec = back;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err((e, _)) => {
+                    return Err(Error::Other(format!(
+                        "replay to {topic}: cannot queue reject {} ({} queued before): {e}",
+                        r.reject_id,
+                        deliveries.len()
+                    )))
+                }
+            }
+        }
+    }
+    let total = deliveries.len();
+    let mut failed = 0usize;
+    let mut first = None;
+    for (r, d) in deliveries {
+        let err = match d.await {
+            Ok(Ok(_)) => continue,
+            Ok(Err((e, _))) => e.to_string(),
+            Err(_) => "the producer dropped the delivery".to_string(),
+        };
+        failed += 1;
+        first.get_or_insert(format!("reject {}: {err}", r.reject_id));
+    }
+    match first {
+        None => Ok(()),
+        Some(first) => Err(Error::Other(format!(
+            "replay to {topic}: {failed} of {total} deliveries failed (first: {first})"
+        ))),
+    }
+}
+
+// ---- status -----------------------------------------------------------------
+
+struct PendingStatus {
+    edge: String,
+    table: String,
+    count: usize,
+    oldest: Option<i64>,
+}
+
+struct PartitionStatus {
+    topic: String,
+    partition: i32,
+    committed: Option<i64>,
+    low: i64,
+    end: i64,
+}
+
+impl PartitionStatus {
+    /// Records the group has yet to commit; all retained ones before its
+    /// first commit (`auto.offset.reset = earliest`).
+    fn lag(&self) -> i64 {
+        (self.end - self.committed.unwrap_or(self.low)).max(0)
+    }
+}
+
+struct KafkaStatus {
+    group: String,
+    partitions: Vec<PartitionStatus>,
+    /// Mapped topics the broker does not know, with its error.
+    missing: Vec<(String, String)>,
+}
+
+async fn status(path: &std::path::Path, json: bool) -> Result<()> {
+    let config = Config::load(path)?;
+    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let head = graph.head().await?;
+    let now = graph::now_ms();
+    let mut pending = Vec::new();
+    for (table, &version) in head
+        .tables
+        .iter()
+        .filter(|(t, _)| t.starts_with("_pending/"))
+    {
+        let ds = graph.open_table(table, Some(version)).await?;
+        let count = ds.count_rows(None).await.ctx(table)?;
+        let mut oldest = None;
+        if count > 0 {
+            let mut scan = ds.scan();
+            scan.project(&[crate::fold::PENDING_SINCE]).ctx(table)?;
+            let batches: Vec<RecordBatch> = scan
+                .try_into_stream()
+                .await
+                .ctx(table)?
+                .try_collect()
+                .await
+                .ctx(table)?;
+            oldest = batches
+                .iter()
+                .filter_map(|b| {
+                    arrow::compute::min(
+                        b.column(0)
+                            .as_any()
+                            .downcast_ref::<TimestampMillisecondArray>()?,
+                    )
+                })
+                .min();
+        }
+        pending.push(PendingStatus {
+            edge: table.trim_start_matches("_pending/").to_string(),
+            table: table.clone(),
+            count,
+            oldest,
+        });
+    }
+    let pending_total: usize = pending.iter().map(|p| p.count).sum();
+    let rejects = match head.tables.get(REJECTS_TABLE) {
+        Some(&v) => graph
+            .open_table(REJECTS_TABLE, Some(v))
+            .await?
+            .count_rows(None)
+            .await
+            .ctx(REJECTS_TABLE)?,
+        None => 0,
+    };
+    if !json {
+        println!(
+            "head     {}  seq {}  {}  ({} ago)",
+            head.id,
+            head.seq,
+            fmt_ms(head.created_at),
+            fmt_age(now - head.created_at)
+        );
+        for p in &pending {
+            match p.oldest {
+                Some(o) => println!(
+                    "pending  {:<24} {:>8}  oldest {} ({} ago)",
+                    p.edge,
+                    p.count,
+                    fmt_ms(o),
+                    fmt_age(now - o)
+                ),
+                None => println!("pending  {:<24} {:>8}", p.edge, p.count),
+            }
+        }
+        println!("pending  {:<24} {:>8}", "total", pending_total);
+        println!("rejects  {rejects}");
+    }
+    let kafka = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || kafka_status(&config))
+            .await
+            .map_err(|e| Error::Other(format!("kafka status: {e}")))?
+    };
+    if json {
+        let mut out = serde_json::json!({
+            "head": {
+                "id": head.id,
+                "seq": head.seq,
+                "created_at": head.created_at,
+                "age_ms": now - head.created_at,
+            },
+            "pending": pending.iter().map(|p| serde_json::json!({
+                "edge": p.edge,
+                "table": p.table,
+                "count": p.count,
+                "oldest_pending_since": p.oldest,
+                "oldest_age_ms": p.oldest.map(|o| now - o),
+            })).collect::<Vec<_>>(),
+            "pending_total": pending_total,
+            "rejects": rejects,
+            "kafka": null,
+        });
+        match &kafka {
+            Ok(k) => {
+                out["kafka"] = serde_json::json!({
+                    "group": k.group,
+                    "partitions": k.partitions.iter().map(|p| serde_json::json!({
+                        "topic": p.topic,
+                        "partition": p.partition,
+                        "committed": p.committed,
+                        "end": p.end,
+                        "lag": p.lag(),
+                    })).collect::<Vec<_>>(),
+                    "total_lag": k.partitions.iter().map(PartitionStatus::lag).sum::<i64>(),
+                    "missing_topics": k.missing.iter().map(|(t, e)| serde_json::json!({
+                        "topic": t, "error": e,
+                    })).collect::<Vec<_>>(),
+                });
+            }
+            Err(e) => out["kafka_error"] = one_line(&e.to_string()).into(),
+        }
+        println!("{out}");
+    } else if let Ok(k) = &kafka {
+        println!("kafka    group {}", k.group);
+        for p in &k.partitions {
+            let committed = p.committed.map_or("-".to_string(), |c| c.to_string());
+            println!(
+                "  {:<28} committed {:>10}  end {:>10}  lag {:>8}",
+                format!("{}/{}", p.topic, p.partition),
+                committed,
+                p.end,
+                p.lag()
+            );
+        }
+        for (t, e) in &k.missing {
+            println!("  {t:<28} {e}");
+        }
+        println!(
+            "  total lag {}",
+            k.partitions.iter().map(PartitionStatus::lag).sum::<i64>()
+        );
+    }
+    kafka.map(|_| ())
+}
+
+/// Committed offsets of the config's group and watermarks of every
+/// partition of the mapped topics. Blocking; does not join the group.
+fn kafka_status(config: &Config) -> Result<KafkaStatus> {
+    let timeout = Duration::from_secs(10);
+    let servers = config
+        .kafka
+        .get("bootstrap.servers")
+        .cloned()
+        .unwrap_or_default();
+    let group = config.kafka.get("group.id").cloned().unwrap_or_default();
+    let fail = |what: String, e: rdkafka::error::KafkaError| {
+        Error::Other(format!("kafka at {servers}: cannot {what}: {e}"))
+    };
+    let consumer: BaseConsumer<QuietContext> =
+        crate::consumer::client_config(config).create_with_context(QuietContext)?;
+    let mut topics: Vec<&str> = config.mappings.iter().map(|m| m.topic.as_str()).collect();
+    topics.sort();
+    topics.dedup();
+    let mut partitions = Vec::new();
+    let mut missing = Vec::new();
+    for t in topics {
+        let md = consumer
+            .fetch_metadata(Some(t), timeout)
+            .map_err(|e| fail(format!("fetch metadata of {t}"), e))?;
+        match md.topics().iter().find(|x| x.name() == t) {
+            Some(mt) if mt.error().is_none() => {
+                let mut ids: Vec<i32> = mt.partitions().iter().map(|p| p.id()).collect();
+                ids.sort();
+                partitions.extend(ids.into_iter().map(|p| (t.to_string(), p)));
+            }
+            Some(mt) => {
+                let code: rdkafka::types::RDKafkaErrorCode = mt.error().expect("checked").into();
+                missing.push((t.to_string(), code.to_string()));
+            }
+            None => missing.push((t.to_string(), "not in the broker's metadata".into())),
+        }
+    }
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in &partitions {
+        tpl.add_partition(t, *p);
+    }
+    let committed = if partitions.is_empty() {
+        TopicPartitionList::new()
+    } else {
+        consumer
+            .committed_offsets(tpl, timeout)
+            .map_err(|e| fail(format!("fetch committed offsets of group {group}"), e))?
+    };
+    let mut out = Vec::with_capacity(partitions.len());
+    for (t, p) in partitions {
+        let (low, end) = consumer
+            .fetch_watermarks(&t, p, timeout)
+            .map_err(|e| fail(format!("fetch watermarks of {t}/{p}"), e))?;
+        let committed = committed
+            .find_partition(&t, p)
+            .and_then(|e| match e.offset() {
+                Offset::Offset(n) => Some(n),
+                _ => None,
+            });
+        out.push(PartitionStatus {
+            topic: t,
+            partition: p,
+            committed,
+            low,
+            end,
+        });
+    }
+    Ok(KafkaStatus {
+        group,
+        partitions: out,
+        missing,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rejects::{Origin, RejectCode};
+
+    const NOW: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+    #[test]
+    fn since_takes_rfc3339_or_a_duration_ago() {
+        assert_eq!(parse_since_at("2026-01-01T00:00:00Z", 0), Ok(NOW));
+        assert_eq!(
+            parse_since_at("2026-01-01T01:00:00.5+01:00", 0),
+            Ok(NOW + 500)
+        );
+        assert_eq!(parse_since_at("10m", NOW), Ok(NOW - 600_000));
+        assert_eq!(parse_since_at("1h 30m", NOW), Ok(NOW - 5_400_000));
+        assert!(parse_since_at("yesterday", NOW).is_err());
+        assert!(parse_since_at("2026-01-01", NOW).is_err());
+    }
+
+    #[test]
+    fn filters_become_one_quoted_predicate() {
+        assert_eq!(RejectFilter::default().to_sql(), None);
+        let f = RejectFilter {
+            stage: Some(Stage::Fold),
+            type_name: Some("O'Brien".into()),
+            since: Some(NOW + 5),
+        };
+        assert_eq!(
+            f.to_sql().unwrap(),
+            "stage = 'fold' AND type_name = 'O''Brien' \
+             AND rejected_at >= TIMESTAMP '2026-01-01 00:00:00.005'"
+        );
+        assert_eq!(parse_stage("validate"), Ok(Stage::Validate));
+        assert!(parse_stage("Fold").is_err());
+    }
+
+    fn reject(offset: i64, ty: &str, code: RejectCode, at: i64) -> Reject {
+        let mut r = Reject::of_record(
+            Origin {
+                topic: "t".into(),
+                partition: 0,
+                offset,
+                key: Some(b"k".to_vec()),
+                value: Some(vec![0xff]),
+                ..Default::default()
+            },
+            ty,
+            code,
+            "m",
+            None,
+        );
+        r.rejected_at = at;
+        r
+    }
+
+    /// The predicate runs as a Lance scan filter against the table layout,
+    /// including the timestamp literal against the UTC column.
+    #[tokio::test]
+    async fn filters_push_down_into_a_lance_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let uri = dir.path().join("rejects").to_str().unwrap().to_string();
+        let rows = vec![
+            reject(3, "Person", RejectCode::Range, NOW + 2),
+            reject(1, "Person", RejectCode::MalformedJson, NOW),
+            reject(2, "Knows", RejectCode::Enum, NOW + 1),
+            reject(0, "Person", RejectCode::Check, NOW - 1),
+        ];
+        let batch = rejects::to_batch(&rows);
+        let schema = batch.schema();
+        let ds = lance::Dataset::write(
+            arrow::array::RecordBatchIterator::new(vec![Ok(batch)], schema),
+            &uri,
+            None,
+        )
+        .await
+        .unwrap();
+        let offsets = |v: Vec<Reject>| v.iter().map(|r| r.offset.unwrap()).collect::<Vec<_>>();
+        let all = scan_rejects(&ds, &RejectFilter::default()).await.unwrap();
+        assert_eq!(offsets(all), vec![0, 1, 2, 3]);
+        let f = RejectFilter {
+            stage: Some(Stage::Validate),
+            type_name: Some("Person".into()),
+            since: Some(NOW),
+        };
+        assert_eq!(offsets(scan_rejects(&ds, &f).await.unwrap()), vec![3]);
+        let f = RejectFilter {
+            since: Some(NOW + 1),
+            ..Default::default()
+        };
+        assert_eq!(offsets(scan_rejects(&ds, &f).await.unwrap()), vec![2, 3]);
+        let json = reject_json(&rows[0]);
+        assert_eq!(json["key"], "k");
+        assert_eq!(json["value"]["base64"], "/w==");
+    }
 }

@@ -23,6 +23,8 @@ pub struct Config {
     pub fold: FoldSettings,
     #[serde(default)]
     pub offsets: OffsetSettings,
+    #[serde(default)]
+    pub errors: ErrorSettings,
     /// One entry per topic.
     #[serde(default, rename = "mapping")]
     pub mappings: Vec<Mapping>,
@@ -92,6 +94,79 @@ pub struct OffsetSettings {
     pub commit_interval: Duration,
 }
 
+/// What happens to records that cannot be ingested (Kafka Connect's terms).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorSettings {
+    /// `all`: route rejects to `_ingest_rejects` and the dead-letter topic
+    /// and go on. `none`: stop at the first reject, committing nothing past it.
+    #[serde(default)]
+    pub tolerance: Tolerance,
+    /// Dead-letter topic of every mapping that names none. Created at start
+    /// if missing.
+    #[serde(default = "default_dlq")]
+    pub dead_letter_topic: String,
+    /// Values larger than this are rejected as `oversized`.
+    #[serde(default = "default_max_record_bytes")]
+    pub max_record_bytes: usize,
+    /// Deferred edges (missing endpoints) kept across folds, over all edge
+    /// types; past it the oldest are rejected as `pending_overflow`.
+    #[serde(default = "default_max_pending_edges")]
+    pub max_pending_edges: usize,
+    /// Reject-rate breaker: past this many rejects in a minute, stop
+    /// fetching for `breaker_pause` and log an error. 0 disables it.
+    #[serde(default)]
+    pub max_rejects_per_minute: u64,
+    #[serde(default = "default_breaker_pause", with = "humantime_serde")]
+    pub breaker_pause: Duration,
+    /// librdkafka properties of the dead-letter producer, over the
+    /// connection properties copied from `[kafka]`.
+    #[serde(default)]
+    pub producer: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tolerance {
+    #[default]
+    All,
+    None,
+}
+
+/// Fields of a JSON value that its type does not declare.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownFields {
+    /// Reject the record as `unknown_field`: nothing is dropped silently.
+    #[default]
+    Reject,
+    /// Ignore them.
+    Ignore,
+}
+
+/// An edge whose endpoint node is not in the graph (yet).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EndpointPolicy {
+    /// Keep it pending, retry at every fold, reject once older than
+    /// `endpoint_deadline`.
+    #[default]
+    Defer,
+    /// Reject it at the first fold that misses the endpoint.
+    Reject,
+}
+
+/// A node delete while committed edges still reference the node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeletePolicy {
+    /// Reject the delete (`referenced`); the node stays.
+    #[default]
+    Reject,
+    /// Delete the referencing edges in the same graph commit.
+    Cascade,
+}
+
 /// Where a node's `@key` comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
@@ -117,17 +192,69 @@ impl Default for KeySource {
     }
 }
 
-/// One topic → one graph type.
+/// One topic → one graph type (a node or an edge type).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Mapping {
     pub topic: String,
-    /// Node type name from the schema.
-    pub node: String,
+    /// Node type name from the schema (exactly one of `node`, `edge`).
     #[serde(default)]
-    pub key: KeySource,
+    pub node: String,
+    /// Edge type name from the schema.
+    #[serde(default)]
+    pub edge: String,
+    /// Nodes: where the `@key` comes from (default `"value"`). Edges: only
+    /// `"kafka"` (the Kafka key is the edge id); unset, the id is `(src,
+    /// dst)` under `@unique(src, dst)`, else `topic/partition/offset`.
+    pub key: Option<KeySource>,
+    /// Edges: the value's field holding the source node's key (default
+    /// `"src"`): a scalar, or a JSON array for a composite key.
+    pub src: Option<String>,
+    /// Edges: the value's field holding the destination node's key (default `"dst"`).
+    pub dst: Option<String>,
     /// Buckets for this type, overriding `wal.buckets`.
     pub buckets: Option<u32>,
+    #[serde(default)]
+    pub unknown_fields: UnknownFields,
+    /// Edges: what a missing endpoint does.
+    #[serde(default)]
+    pub on_missing_endpoint: EndpointPolicy,
+    /// Edges, under `defer`: how long a pending edge waits for its endpoints.
+    #[serde(default = "default_endpoint_deadline", with = "humantime_serde")]
+    pub endpoint_deadline: Duration,
+    /// Nodes: what deleting a node that committed edges reference does.
+    #[serde(default)]
+    pub on_delete_referenced: DeletePolicy,
+    /// Overrides `errors.dead_letter_topic` for this topic's rejects.
+    pub dead_letter_topic: Option<String>,
+}
+
+impl Mapping {
+    /// The graph type this mapping feeds.
+    pub fn type_name(&self) -> &str {
+        if self.edge.is_empty() {
+            &self.node
+        } else {
+            &self.edge
+        }
+    }
+
+    pub fn is_edge(&self) -> bool {
+        !self.edge.is_empty()
+    }
+
+    /// The node key source (nodes only).
+    pub fn node_key(&self) -> KeySource {
+        self.key.clone().unwrap_or_default()
+    }
+
+    pub fn src_field(&self) -> &str {
+        self.src.as_deref().unwrap_or("src")
+    }
+
+    pub fn dst_field(&self) -> &str {
+        self.dst.as_deref().unwrap_or("dst")
+    }
 }
 
 impl Config {
@@ -195,6 +322,59 @@ impl Config {
             if let Some(n) = m.buckets {
                 check_buckets(&format!("mapping[{i}].buckets"), n)?;
             }
+            match (m.node.is_empty(), m.edge.is_empty()) {
+                (true, true) | (false, false) => {
+                    return Err(Error::config(format!(
+                        "mapping[{i}]: set exactly one of node and edge"
+                    )))
+                }
+                (false, true) if m.src.is_some() || m.dst.is_some() => {
+                    return Err(Error::config(format!(
+                        "mapping[{i}]: src and dst are for edge mappings"
+                    )))
+                }
+                (true, false) => {
+                    if !matches!(m.key, None | Some(KeySource::Named(KeyOrigin::Kafka))) {
+                        return Err(Error::config(format!(
+                            "mapping[{i}].key: an edge's key can only be \"kafka\" (the Kafka key is the edge id)"
+                        )));
+                    }
+                    if m.src_field() == m.dst_field() {
+                        return Err(Error::config(format!(
+                            "mapping[{i}]: src and dst name the same field"
+                        )));
+                    }
+                }
+                _ => {}
+            }
+            if m.dead_letter_topic.as_deref() == Some("") {
+                return Err(Error::config(format!(
+                    "mapping[{i}].dead_letter_topic must not be empty"
+                )));
+            }
+        }
+        // Fold-time policies belong to the type; its topics must agree.
+        for (i, a) in self.mappings.iter().enumerate() {
+            for b in &self.mappings[..i] {
+                if a.type_name() == b.type_name()
+                    && (a.on_missing_endpoint != b.on_missing_endpoint
+                        || a.endpoint_deadline != b.endpoint_deadline
+                        || a.on_delete_referenced != b.on_delete_referenced)
+                {
+                    return Err(Error::config(format!(
+                        "mapping[{i}]: topics {} and {} feed {} with different fold policies",
+                        b.topic,
+                        a.topic,
+                        a.type_name()
+                    )));
+                }
+            }
+        }
+        if self.errors.dead_letter_topic.is_empty() {
+            return Err(Error::config("errors.dead_letter_topic must not be empty"));
+        }
+        if self.errors.max_record_bytes == 0 {
+            return Err(Error::config("errors.max_record_bytes must be positive"));
         }
         Ok(())
     }
@@ -215,6 +395,22 @@ impl Config {
 
     pub fn buckets_for(&self, mapping: &Mapping) -> u32 {
         mapping.buckets.unwrap_or(self.wal.buckets)
+    }
+
+    /// The mappings feeding a graph type.
+    pub fn mappings_of<'a>(&'a self, type_name: &'a str) -> impl Iterator<Item = &'a Mapping> + 'a {
+        self.mappings
+            .iter()
+            .filter(move |m| m.type_name() == type_name)
+    }
+
+    /// The dead-letter topic of records from `topic`.
+    pub fn dead_letter_topic(&self, topic: &str) -> &str {
+        self.mappings
+            .iter()
+            .find(|m| m.topic == topic)
+            .and_then(|m| m.dead_letter_topic.as_deref())
+            .unwrap_or(&self.errors.dead_letter_topic)
     }
 }
 
@@ -344,6 +540,21 @@ fn default_fold_rows() -> u64 {
 fn default_fold_bytes() -> u64 {
     128 * 1024 * 1024
 }
+fn default_dlq() -> String {
+    "graphsink-dead-letters".into()
+}
+fn default_max_record_bytes() -> usize {
+    1_000_000
+}
+fn default_max_pending_edges() -> usize {
+    1_000_000
+}
+fn default_breaker_pause() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_endpoint_deadline() -> Duration {
+    Duration::from_secs(600)
+}
 fn default_true() -> bool {
     true
 }
@@ -371,6 +582,20 @@ impl Default for FoldSettings {
             max_pending_rows: default_fold_rows(),
             max_pending_bytes: default_fold_bytes(),
             on_shutdown: true,
+        }
+    }
+}
+
+impl Default for ErrorSettings {
+    fn default() -> Self {
+        Self {
+            tolerance: Tolerance::All,
+            dead_letter_topic: default_dlq(),
+            max_record_bytes: default_max_record_bytes(),
+            max_pending_edges: default_max_pending_edges(),
+            max_rejects_per_minute: 0,
+            breaker_pause: default_breaker_pause(),
+            producer: BTreeMap::new(),
         }
     }
 }
@@ -404,7 +629,10 @@ node = "Person"
         let c = Config::from_toml(MIN, Path::new("/etc/gs")).unwrap();
         assert_eq!(c.wal.buckets, 4);
         assert_eq!(c.root_uri(), "/etc/gs/data/graph");
-        assert_eq!(c.mappings[0].key, KeySource::Named(KeyOrigin::Value));
+        assert_eq!(c.mappings[0].node_key(), KeySource::Named(KeyOrigin::Value));
+        assert_eq!(c.mappings[0].unknown_fields, UnknownFields::Reject);
+        assert_eq!(c.errors.tolerance, Tolerance::All);
+        assert_eq!(c.dead_letter_topic("people"), "graphsink-dead-letters");
     }
 
     #[test]
@@ -435,13 +663,31 @@ node = "Person"
         );
         let c = Config::from_toml(&t, Path::new("/")).unwrap();
         assert_eq!(
-            c.mappings[0].key,
+            c.mappings[0].node_key(),
             KeySource::Field {
                 field: "uid".into()
             }
         );
         let t = MIN.replace("node = \"Person\"", "node = \"Person\"\nkey = \"kafka\"");
         let c = Config::from_toml(&t, Path::new("/")).unwrap();
-        assert_eq!(c.mappings[0].key, KeySource::Named(KeyOrigin::Kafka));
+        assert_eq!(c.mappings[0].node_key(), KeySource::Named(KeyOrigin::Kafka));
+    }
+
+    #[test]
+    fn edge_mappings_are_checked() {
+        let edge = MIN.replace("node = \"Person\"", "edge = \"Knows\"\nsrc = \"from\"");
+        let c = Config::from_toml(&edge, Path::new("/")).unwrap();
+        assert!(c.mappings[0].is_edge());
+        assert_eq!(c.mappings[0].src_field(), "from");
+        assert_eq!(c.mappings[0].dst_field(), "dst");
+        assert_eq!(c.mappings[0].on_missing_endpoint, EndpointPolicy::Defer);
+        for bad in [
+            MIN.replace("node = \"Person\"", "node = \"P\"\nedge = \"K\""),
+            MIN.replace("node = \"Person\"", "edge = \"K\"\nkey = \"value\""),
+            MIN.replace("node = \"Person\"", "node = \"P\"\nsrc = \"a\""),
+            MIN.replace("node = \"Person\"", "edge = \"K\"\nsrc = \"dst\""),
+        ] {
+            assert!(Config::from_toml(&bad, Path::new("/")).is_err(), "{bad}");
+        }
     }
 }

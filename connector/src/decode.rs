@@ -1,25 +1,30 @@
 //! Decode: Kafka records of one mapping → one Arrow batch of upserts in the
-//! table's schema plus one batch of tombstone keys, per poll. Ids come from
-//! the `@key`; provenance columns come from the record's coordinates. It
-//! knows nothing of shards or offsets.
+//! table's schema, one batch of tombstone keys, and a typed reject for every
+//! record that cannot become a row (bad bytes, JSON, types, keys, endpoints,
+//! enum, `@range`, `@check`). Ids come from the `@key` (nodes) or the
+//! mapping's edge-id rule; provenance comes from the record's coordinates.
+//! It knows nothing of shards or offsets.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    new_null_array, Array, ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray,
-    TimestampMillisecondArray, UInt32Array,
+    new_null_array, Array, ArrayRef, BooleanArray, Int32Array, Int64Array, RecordBatch,
+    StringArray, TimestampMillisecondArray, UInt32Array,
 };
-use arrow::compute::{cast_with_options, take, CastOptions};
+use arrow::compute::{cast_with_options, concat_batches, filter_record_batch, take, CastOptions};
 use arrow_json::reader::Decoder;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use rdkafka::message::BorrowedHeaders;
 
-use crate::config::{KeyOrigin, KeySource, Mapping};
+use crate::config::{KeyOrigin, KeySource, Mapping, UnknownFields};
 use crate::error::{Context, Error, Result};
-use crate::schema::{GraphType, ID};
+use crate::rejects::{owned_headers, Origin, Reject, RejectCode};
+use crate::schema::{GraphSchema, GraphType, TypeKind, ID};
+use crate::validate::Validator;
 
 /// One consumed record, borrowed from the poll.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct SourceRecord<'a> {
     pub topic: &'a str,
     pub partition: i32,
@@ -27,73 +32,150 @@ pub struct SourceRecord<'a> {
     pub timestamp: Option<i64>,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
+    pub headers: Option<&'a BorrowedHeaders>,
+}
+
+impl SourceRecord<'_> {
+    /// The record's coordinates and bytes, owned, for a reject.
+    pub fn origin(&self) -> Origin {
+        Origin {
+            topic: self.topic.to_string(),
+            partition: self.partition,
+            offset: self.offset,
+            timestamp: self.timestamp,
+            key: self.key.map(<[u8]>::to_vec),
+            value: self.value.map(<[u8]>::to_vec),
+            headers: owned_headers(self.headers),
+        }
+    }
 }
 
 /// What one poll of one mapping becomes. A key appears in at most one of
-/// the two batches: within a poll the last record per key wins.
+/// the two batches: within a poll the last accepted record per key wins.
 #[derive(Debug, Default)]
 pub struct Decoded {
     /// Rows in the table schema.
     pub upserts: Option<RecordBatch>,
     /// A single `id` column.
     pub deletes: Option<RecordBatch>,
+    /// Records refused, in poll order.
+    pub rejects: Vec<Reject>,
 }
 
-/// Turns records of one topic into rows of its node type.
+/// Why one record cannot become a row, or a failure of graphsink itself.
+#[derive(Debug)]
+enum Fail {
+    Record(RejectCode, String),
+    System(Error),
+}
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        Fail::System(e)
+    }
+}
+
+type Step<T> = std::result::Result<T, Fail>;
+
+fn bad<T>(code: RejectCode, message: impl Into<String>) -> Step<T> {
+    Err(Fail::Record(code, message.into()))
+}
+
+/// How an edge record's id is made (DESIGN.md invariant 3: never random).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EdgeId {
+    /// The Kafka key, verbatim.
+    Kafka,
+    /// `[src, dst]` as a JSON array, under `@unique(src, dst)`.
+    Endpoints,
+    /// `topic/partition/offset`.
+    Coordinates,
+}
+
+/// Where one edge endpoint comes from in the value.
+#[derive(Debug, Clone)]
+struct Endpoint {
+    field: String,
+    /// Parts of the endpoint node type's `@key`; >1 is a JSON array.
+    width: usize,
+}
+
+#[derive(Debug, Clone)]
+enum Shape {
+    Node(KeySource),
+    Edge {
+        id: EdgeId,
+        src: Endpoint,
+        dst: Endpoint,
+    },
+}
+
+/// Rows of one batch of records, before validation and last-write-wins.
+#[derive(Default)]
+struct Part {
+    /// One row per upsert record, in the table schema.
+    rows: Vec<RecordBatch>,
+    /// Index (in the poll) of each row of `rows`, concatenated.
+    up_idx: Vec<usize>,
+    del_ids: Vec<String>,
+    del_idx: Vec<usize>,
+}
+
+/// Turns records of one topic into rows of its graph type.
 pub struct RecordDecoder {
     ty: GraphType,
-    key: KeySource,
-    /// Schema the JSON value is decoded into (properties, key ones relaxed
-    /// to nullable when the key comes from elsewhere).
+    shape: Shape,
+    /// Schema the JSON value is decoded into.
     value_schema: SchemaRef,
     decoder: Decoder,
     batch_size: usize,
+    strict: bool,
+    max_record_bytes: usize,
+    validator: Validator,
 }
 
 impl RecordDecoder {
-    pub fn new(ty: &GraphType, mapping: &Mapping, batch_size: usize) -> Result<RecordDecoder> {
-        let relax = !matches!(mapping.key, KeySource::Named(KeyOrigin::Value));
-        let mut fields: Vec<Field> = ty
-            .properties
-            .fields()
-            .iter()
-            .map(|f| {
-                let f = f.as_ref().clone();
-                if relax && ty.key.contains(f.name()) {
-                    f.with_nullable(true)
-                } else {
-                    f
-                }
-            })
-            .collect();
-        if let KeySource::Field { field } = &mapping.key {
-            if ty.properties.field_with_name(field).is_err() {
-                if ty.key.len() != 1 {
-                    return Err(Error::config(format!(
-                        "mapping for topic {}: key field {field:?} must name a property when {} has a composite @key",
-                        mapping.topic, ty.name
-                    )));
-                }
-                let kt = ty
-                    .properties
-                    .field_with_name(&ty.key[0])
-                    .expect("key is a property");
-                fields.push(Field::new(field, kt.data_type().clone(), true));
-            } else if ty.key.len() != 1 || &ty.key[0] != field {
+    pub fn new(
+        schema: &GraphSchema,
+        mapping: &Mapping,
+        batch_size: usize,
+        max_record_bytes: usize,
+    ) -> Result<RecordDecoder> {
+        let ty = schema.get(mapping.type_name()).ok_or_else(|| {
+            Error::config(format!(
+                "mapping for topic {}: type {:?} is not in the schema",
+                mapping.topic,
+                mapping.type_name()
+            ))
+        })?;
+        let (fields, shape) = match ty.kind {
+            TypeKind::Node if mapping.is_edge() => {
                 return Err(Error::config(format!(
-                    "mapping for topic {}: key field {field:?} is a property but not the @key of {}",
+                    "mapping for topic {}: {} is a node type; use node = ...",
                     mapping.topic, ty.name
-                )));
+                )))
             }
-        }
+            TypeKind::Edge if !mapping.is_edge() => {
+                return Err(Error::config(format!(
+                    "mapping for topic {}: {} is an edge type; use edge = ...",
+                    mapping.topic, ty.name
+                )))
+            }
+            TypeKind::Node => node_fields(ty, mapping)?,
+            TypeKind::Edge => edge_fields(schema, ty, mapping)?,
+        };
         let value_schema = Arc::new(Schema::new(fields));
         let batch_size = batch_size + 1;
+        let strict = mapping.unknown_fields == UnknownFields::Reject;
         Ok(RecordDecoder {
-            decoder: build_decoder(&value_schema, batch_size)?,
+            decoder: build_decoder(&value_schema, batch_size, strict)?,
             ty: ty.clone(),
-            key: mapping.key.clone(),
+            shape,
             value_schema,
             batch_size,
+            strict,
+            max_record_bytes,
+            validator: Validator::new(ty)?,
         })
     }
 
@@ -101,146 +183,276 @@ impl RecordDecoder {
         &self.ty
     }
 
-    /// Decodes a whole poll. On a bad record, returns the error for the
-    /// first bad one (found by re-decoding one at a time), naming its
-    /// coordinates; nothing of the poll is returned then.
+    /// Decodes a whole poll. Records that cannot become rows are returned as
+    /// rejects; the rest still go out as one batch. When the batch fails,
+    /// records are decoded one at a time so only the bad ones are refused.
     pub fn decode(&mut self, records: &[SourceRecord<'_>]) -> Result<Decoded> {
-        match self.decode_all(records) {
-            Ok(d) => Ok(d),
-            Err(batch_err) => {
-                // Rebuild: a failed decoder may hold half a record.
-                self.decoder = build_decoder(&self.value_schema, self.batch_size)?;
-                for r in records {
-                    self.decode_all(std::slice::from_ref(r))
-                        .map_err(|e| match e {
-                            Error::Decode { .. } => e,
-                            other => decode_error(r, other.to_string()),
-                        })?;
-                }
-                Err(batch_err)
+        let mut rejects: Vec<(usize, Reject)> = Vec::new();
+        let mut ok: Vec<usize> = Vec::with_capacity(records.len());
+        for (i, r) in records.iter().enumerate() {
+            match r.value {
+                Some(v) if v.len() > self.max_record_bytes => rejects.push((
+                    i,
+                    self.reject(
+                        r,
+                        RejectCode::Oversized,
+                        format!(
+                            "value is {} bytes, over errors.max_record_bytes = {}",
+                            v.len(),
+                            self.max_record_bytes
+                        ),
+                        None,
+                    ),
+                )),
+                _ => ok.push(i),
             }
         }
+        let screened: Vec<SourceRecord> = ok.iter().map(|&i| records[i]).collect();
+        let mut part = match self.part(&screened) {
+            Ok(p) => p,
+            Err(Fail::System(e)) => return Err(e),
+            Err(Fail::Record(..)) => {
+                // Rebuild: a failed decoder may hold half a record.
+                self.decoder = build_decoder(&self.value_schema, self.batch_size, self.strict)?;
+                let mut all = Part::default();
+                for (j, r) in screened.iter().enumerate() {
+                    match self.part(std::slice::from_ref(r)) {
+                        Ok(p) => {
+                            all.rows.extend(p.rows);
+                            all.up_idx.extend(p.up_idx.iter().map(|_| j));
+                            all.del_ids.extend(p.del_ids);
+                            all.del_idx.extend(p.del_idx.iter().map(|_| j));
+                        }
+                        Err(Fail::Record(code, m)) => {
+                            // arrow-json's errors are generic: name the
+                            // field and tell a type from an overflow.
+                            let generic =
+                                matches!(code, RejectCode::WrongType | RejectCode::NotAnObject);
+                            let (code, m) = match self.classify(r) {
+                                Some(better) if generic => better,
+                                _ => (code, m),
+                            };
+                            rejects.push((ok[j], self.reject(r, code, m, None)));
+                            self.decoder =
+                                build_decoder(&self.value_schema, self.batch_size, self.strict)?;
+                        }
+                        Err(Fail::System(e)) => return Err(e),
+                    }
+                }
+                all
+            }
+        };
+        // Back to poll indices.
+        part.up_idx.iter_mut().for_each(|j| *j = ok[*j]);
+        part.del_idx.iter_mut().for_each(|j| *j = ok[*j]);
+
+        let mut upserts = match part.rows.len() {
+            0 => None,
+            1 => part.rows.pop(),
+            _ => {
+                Some(concat_batches(&self.ty.table_schema, &part.rows).ctx("concat decoded rows")?)
+            }
+        };
+        let mut up_idx = part.up_idx;
+        if let Some(rows) = upserts.as_ref().filter(|_| !self.validator.is_empty()) {
+            let violations = self.validator.check(rows);
+            if !violations.is_empty() {
+                let mut keep = vec![true; rows.num_rows()];
+                for v in violations {
+                    keep[v.row] = false;
+                    let i = up_idx[v.row];
+                    let row = row_json(rows, v.row);
+                    rejects.push((i, self.reject(&records[i], v.code, v.message, row)));
+                }
+                let mask = BooleanArray::from(keep.clone());
+                upserts = Some(filter_record_batch(rows, &mask).ctx("drop invalid rows")?);
+                up_idx = up_idx
+                    .into_iter()
+                    .zip(keep)
+                    .filter_map(|(i, k)| k.then_some(i))
+                    .collect();
+            }
+        }
+        rejects.sort_by_key(|(i, _)| *i);
+        let mut out = self.last_write_wins(upserts, &up_idx, part.del_ids, &part.del_idx)?;
+        out.rejects = rejects.into_iter().map(|(_, r)| r).collect();
+        Ok(out)
     }
 
-    fn decode_all(&mut self, records: &[SourceRecord<'_>]) -> Result<Decoded> {
-        let upsert_idx: Vec<usize> = (0..records.len())
-            .filter(|&i| records[i].value.is_some())
-            .collect();
-        let delete_idx: Vec<usize> = (0..records.len())
-            .filter(|&i| records[i].value.is_none())
-            .collect();
+    fn reject(
+        &self,
+        r: &SourceRecord,
+        code: RejectCode,
+        message: String,
+        row: Option<String>,
+    ) -> Reject {
+        Reject::of_record(r.origin(), &self.ty.name, code, message, row)
+    }
 
-        let mut upserts = None;
-        let mut upsert_ids = None;
-        if !upsert_idx.is_empty() {
-            let batch = self.decode_values(records, &upsert_idx)?;
-            let ups: Vec<SourceRecord> = upsert_idx.iter().map(|&i| records[i]).collect();
-            let (rows, ids) = self.finish_rows(&ups, batch)?;
-            upserts = Some(rows);
-            upsert_ids = Some(ids);
-        }
-        let mut delete_ids = None;
-        if !delete_idx.is_empty() {
-            let dels: Vec<SourceRecord> = delete_idx.iter().map(|&i| records[i]).collect();
-            let parts = self.key_from_kafka(&dels)?;
-            delete_ids = Some(canonical_ids(&parts)?);
-        }
-
-        // The last record per id wins within the poll.
+    /// Within the poll, the last record per id wins (Kafka order).
+    fn last_write_wins(
+        &self,
+        upserts: Option<RecordBatch>,
+        up_idx: &[usize],
+        del_ids: Vec<String>,
+        del_idx: &[usize],
+    ) -> Result<Decoded> {
+        let up_ids = upserts.as_ref().map(|rows| {
+            rows.column(0)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .expect("id is the first column")
+                .clone()
+        });
         let mut last: HashMap<&str, usize> = HashMap::new();
-        let mut order: Vec<(&str, usize)> = Vec::new();
-        if let Some(ids) = &upsert_ids {
-            order.extend(
-                upsert_idx
-                    .iter()
-                    .zip(0..ids.len())
-                    .map(|(&r, i)| (ids.value(i), r)),
-            );
-        }
-        if let Some(ids) = &delete_ids {
-            order.extend(
-                delete_idx
-                    .iter()
-                    .zip(0..ids.len())
-                    .map(|(&r, i)| (ids.value(i), r)),
-            );
-        }
-        for (id, r) in &order {
-            let e = last.entry(id).or_insert(*r);
-            if *r > *e {
-                *e = *r;
+        if let Some(ids) = &up_ids {
+            for (i, &r) in up_idx.iter().enumerate() {
+                let e = last.entry(ids.value(i)).or_insert(r);
+                *e = (*e).max(r);
             }
         }
-        let keep = |idx: &[usize], ids: &StringArray| -> UInt32Array {
-            (0..ids.len())
-                .filter(|&i| last[ids.value(i)] == idx[i])
-                .map(|i| i as u32)
-                .collect()
-        };
+        for (id, &r) in del_ids.iter().zip(del_idx) {
+            let e = last.entry(id.as_str()).or_insert(r);
+            *e = (*e).max(r);
+        }
         let mut out = Decoded::default();
-        if let (Some(rows), Some(ids)) = (upserts, &upsert_ids) {
-            let k = keep(&upsert_idx, ids);
-            out.upserts = Some(if k.len() == rows.num_rows() {
-                rows
-            } else {
-                take_rows(&rows, &k)?
-            });
-        }
-        if let Some(ids) = &delete_ids {
-            let k = keep(&delete_idx, ids);
+        if let (Some(rows), Some(ids)) = (upserts, &up_ids) {
+            let k: UInt32Array = (0..ids.len())
+                .filter(|&i| last[ids.value(i)] == up_idx[i])
+                .map(|i| i as u32)
+                .collect();
             if !k.is_empty() {
-                let col = take(ids, &k, None).ctx("select tombstones")?;
-                let schema = Arc::new(Schema::new(vec![Field::new(ID, DataType::Utf8, false)]));
-                out.deletes = Some(RecordBatch::try_new(schema, vec![col]).ctx("tombstones")?);
+                out.upserts = Some(if k.len() == rows.num_rows() {
+                    rows
+                } else {
+                    take_rows(&rows, &k)?
+                });
             }
+        }
+        let kept: Vec<&str> = del_ids
+            .iter()
+            .zip(del_idx)
+            .filter(|(id, &r)| last[id.as_str()] == r)
+            .map(|(id, _)| id.as_str())
+            .collect();
+        if !kept.is_empty() {
+            let schema = Arc::new(Schema::new(vec![Field::new(ID, DataType::Utf8, false)]));
+            let col: ArrayRef = Arc::new(StringArray::from(kept));
+            out.deletes = Some(RecordBatch::try_new(schema, vec![col]).ctx("tombstones")?);
         }
         Ok(out)
     }
 
-    /// arrow-json over the values of `idx`; each value must be exactly one
-    /// JSON object.
-    fn decode_values(&mut self, records: &[SourceRecord], idx: &[usize]) -> Result<RecordBatch> {
-        for &i in idx {
-            let r = &records[i];
-            let value = r.value.expect("upserts have values");
+    /// Decodes `records` as one batch; any bad record fails all of them.
+    fn part(&mut self, records: &[SourceRecord<'_>]) -> Step<Part> {
+        let mut part = Part::default();
+        let mut ups: Vec<SourceRecord> = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            if r.value.is_some() {
+                part.up_idx.push(i);
+                ups.push(*r);
+            } else {
+                part.del_ids.push(self.tombstone_id(r)?);
+                part.del_idx.push(i);
+            }
+        }
+        if !ups.is_empty() {
+            let batch = self.decode_values(&ups)?;
+            let rows = match &self.shape {
+                Shape::Node(_) => self.node_rows(&ups, batch)?,
+                Shape::Edge { .. } => self.edge_rows(&ups, batch)?,
+            };
+            part.rows.push(rows);
+        }
+        Ok(part)
+    }
+
+    /// The id a tombstone deletes: the node's key from the Kafka key, or
+    /// the edge id itself.
+    fn tombstone_id(&self, r: &SourceRecord) -> Step<String> {
+        let Some(key) = r.key else {
+            return bad(
+                RejectCode::BadTombstone,
+                "a tombstone (null value) needs a Kafka key naming what to delete",
+            );
+        };
+        match &self.shape {
+            Shape::Node(_) => {
+                let parts = self.key_from_kafka(std::slice::from_ref(r))?;
+                let ids = canonical_ids(&parts)?;
+                Ok(ids.value(0).to_string())
+            }
+            Shape::Edge { .. } => match std::str::from_utf8(key) {
+                Ok(k) if !k.is_empty() => Ok(k.to_string()),
+                _ => bad(
+                    RejectCode::BadTombstone,
+                    "an edge tombstone's Kafka key must be the edge id (non-empty UTF-8)",
+                ),
+            },
+        }
+    }
+
+    /// arrow-json over the values; each value must be exactly one JSON object.
+    fn decode_values(&mut self, records: &[SourceRecord]) -> Step<RecordBatch> {
+        let composite =
+            matches!(&self.shape, Shape::Edge { src, dst, .. } if src.width > 1 || dst.width > 1);
+        for r in records {
+            let raw = r.value.expect("upserts have values");
+            let stripped;
+            let value = if composite {
+                stripped = self.strip_composite_endpoints(raw)?;
+                stripped.as_slice()
+            } else {
+                raw
+            };
             let before = self.decoder.len();
             let read = self
                 .decoder
                 .decode(value)
-                .map_err(|e| decode_error(r, e.to_string()))?;
+                .map_err(|e| Fail::Record(RejectCode::WrongType, e.to_string()))?;
             if read != value.len()
                 || self.decoder.has_partial_record()
                 || self.decoder.len() != before + 1
             {
-                return Err(decode_error(
-                    r,
-                    "value is not exactly one JSON object".into(),
-                ));
+                return bad(
+                    RejectCode::NotAnObject,
+                    "value is not exactly one JSON object",
+                );
             }
         }
-        let batch = self
-            .decoder
-            .flush()
-            .map_err(|e| Error::Other(e.to_string()))?
-            .ok_or_else(|| Error::Other("decoder produced no rows".into()))?;
-        Ok(batch)
+        match self.decoder.flush() {
+            Ok(Some(b)) => Ok(b),
+            Ok(None) => Err(Fail::System(Error::Other(
+                "decoder produced no rows".into(),
+            ))),
+            Err(e) => bad(RejectCode::WrongType, e.to_string()),
+        }
+    }
+
+    /// Composite endpoints are JSON arrays, which arrow-json cannot read
+    /// into a key: remove them from the value before decoding (they are
+    /// read again, with serde_json, by `endpoint_ids`).
+    fn strip_composite_endpoints(&self, raw: &[u8]) -> Step<Vec<u8>> {
+        let Shape::Edge { src, dst, .. } = &self.shape else {
+            unreachable!("edges only")
+        };
+        let mut v = parse_object(raw)?;
+        for e in [src, dst] {
+            if e.width > 1 {
+                v.remove(&e.field);
+            }
+        }
+        Ok(serde_json::to_vec(&v).expect("re-serializes"))
     }
 
     /// Fills the key properties, derives `id`, appends provenance, and
     /// orders the columns as the table declares them.
-    fn finish_rows(
-        &self,
-        recs: &[SourceRecord],
-        batch: RecordBatch,
-    ) -> Result<(RecordBatch, StringArray)> {
-        let mut cols: HashMap<String, ArrayRef> = batch
-            .schema()
-            .fields()
-            .iter()
-            .zip(batch.columns())
-            .map(|(f, c)| (f.name().clone(), c.clone()))
-            .collect();
-        let from_elsewhere = match &self.key {
+    fn node_rows(&self, recs: &[SourceRecord], batch: RecordBatch) -> Step<RecordBatch> {
+        let Shape::Node(key) = &self.shape else {
+            unreachable!("nodes only")
+        };
+        let mut cols = columns_by_name(&batch);
+        let from_elsewhere = match key {
             KeySource::Named(KeyOrigin::Value) => None,
             KeySource::Named(KeyOrigin::Kafka) => Some(self.key_from_kafka(recs)?),
             KeySource::Field { field } if !self.ty.key.contains(field) => {
@@ -252,15 +464,15 @@ impl RecordDecoder {
         if let Some(parts) = from_elsewhere {
             for (k, part) in self.ty.key.iter().zip(parts) {
                 let decoded = &cols[k];
-                for (i, rec) in recs.iter().enumerate() {
+                for i in 0..recs.len() {
                     if part.is_null(i) {
-                        return Err(decode_error(rec, format!("missing key for @key {k}")));
+                        return bad(RejectCode::MissingKey, format!("missing key for @key {k}"));
                     }
                     if decoded.is_valid(i) && !same_value(decoded, &part, i)? {
-                        return Err(decode_error(
-                            rec,
+                        return bad(
+                            RejectCode::KeyMismatch,
                             format!("value's {k} disagrees with the record key"),
-                        ));
+                        );
                     }
                 }
                 cols.insert(k.clone(), part);
@@ -268,12 +480,113 @@ impl RecordDecoder {
         }
         let parts: Vec<ArrayRef> = self.ty.key.iter().map(|k| cols[k].clone()).collect();
         for (k, p) in self.ty.key.iter().zip(&parts) {
-            if let Some(i) = (0..p.len()).find(|&i| p.is_null(i)) {
-                return Err(decode_error(&recs[i], format!("missing @key property {k}")));
+            if p.null_count() > 0 {
+                return bad(RejectCode::MissingKey, format!("missing @key property {k}"));
             }
         }
         let ids = canonical_ids(&parts)?;
-        cols.insert(ID.into(), Arc::new(ids.clone()));
+        cols.insert(ID.into(), Arc::new(ids));
+        self.finish(recs, cols)
+    }
+
+    /// Edge rows: endpoints from their fields, the id by the mapping's rule.
+    fn edge_rows(&self, recs: &[SourceRecord], batch: RecordBatch) -> Step<RecordBatch> {
+        let Shape::Edge { id, src, dst } = &self.shape else {
+            unreachable!("edges only")
+        };
+        let mut cols = columns_by_name(&batch);
+        let src_ids = self.endpoint_ids(recs, src, &mut cols)?;
+        let dst_ids = self.endpoint_ids(recs, dst, &mut cols)?;
+        let ids: StringArray = match id {
+            EdgeId::Kafka => {
+                let mut v = Vec::with_capacity(recs.len());
+                for r in recs {
+                    match r.key.map(std::str::from_utf8) {
+                        Some(Ok(k)) if !k.is_empty() => v.push(k),
+                        _ => {
+                            return bad(
+                                RejectCode::MissingKey,
+                                "the mapping takes edge ids from the Kafka key, and it is missing or not UTF-8",
+                            )
+                        }
+                    }
+                }
+                StringArray::from(v)
+            }
+            EdgeId::Endpoints => src_ids
+                .iter()
+                .zip(&dst_ids)
+                .map(|(s, d)| Some(serde_json::to_string(&[s, d]).expect("strings")))
+                .collect(),
+            EdgeId::Coordinates => recs
+                .iter()
+                .map(|r| Some(format!("{}/{}/{}", r.topic, r.partition, r.offset)))
+                .collect(),
+        };
+        cols.insert(ID.into(), Arc::new(ids));
+        cols.insert("src".into(), Arc::new(StringArray::from(src_ids)));
+        cols.insert("dst".into(), Arc::new(StringArray::from(dst_ids)));
+        self.finish(recs, cols)
+    }
+
+    /// Canonical node ids of one endpoint, per record.
+    fn endpoint_ids(
+        &self,
+        recs: &[SourceRecord],
+        e: &Endpoint,
+        cols: &mut HashMap<String, ArrayRef>,
+    ) -> Step<Vec<String>> {
+        let missing = || {
+            bad(
+                RejectCode::MissingEndpoint,
+                format!(
+                    "edge {} needs field {:?} (its endpoint's key)",
+                    self.ty.name, e.field
+                ),
+            )
+        };
+        if e.width == 1 {
+            let col = cols.remove(&e.field).expect("decoded");
+            if col.null_count() > 0 {
+                return missing();
+            }
+            let ids = canonical_ids(&[col])?;
+            return Ok(ids
+                .iter()
+                .map(|v| v.unwrap_or_default().to_string())
+                .collect());
+        }
+        let mut out = Vec::with_capacity(recs.len());
+        for r in recs {
+            let v = parse_object(r.value.expect("upserts"))?;
+            let Some(serde_json::Value::Array(items)) = v.get(&e.field) else {
+                return missing();
+            };
+            if items.len() != e.width {
+                return bad(
+                    RejectCode::MissingEndpoint,
+                    format!(
+                        "{}: a composite endpoint key needs {} parts",
+                        e.field, e.width
+                    ),
+                );
+            }
+            let parts: Vec<String> = items
+                .iter()
+                .map(scalar_text)
+                .collect::<std::result::Result<_, String>>()
+                .map_err(|m| Fail::Record(RejectCode::MissingEndpoint, m))?;
+            out.push(serde_json::to_string(&parts).expect("strings"));
+        }
+        Ok(out)
+    }
+
+    /// Appends provenance and orders the columns as the table declares them.
+    fn finish(
+        &self,
+        recs: &[SourceRecord],
+        mut cols: HashMap<String, ArrayRef>,
+    ) -> Step<RecordBatch> {
         let n = recs.len();
         cols.insert(
             crate::schema::SRC_TOPIC.into(),
@@ -307,23 +620,32 @@ impl RecordDecoder {
                     .unwrap_or_else(|| new_null_array(f.data_type(), n))
             })
             .collect();
-        let rows = RecordBatch::try_new(schema, columns).map_err(|e| {
-            // Nullability is the only way this can fail on decoded data.
-            Error::Other(format!("{}: {e}", self.ty.name))
-        })?;
-        Ok((rows, ids))
+        for (f, c) in schema.fields().iter().zip(&columns) {
+            if !f.is_nullable() && c.null_count() > 0 {
+                return bad(
+                    RejectCode::MissingRequired,
+                    format!("required property {} is missing or null", f.name()),
+                );
+            }
+        }
+        RecordBatch::try_new(schema, columns)
+            .map_err(|e| Fail::System(Error::Other(format!("{}: {e}", self.ty.name))))
     }
 
     /// The typed `@key` parts from Kafka keys: a string (optionally a JSON
     /// string) for a single key, a JSON array for a composite one.
-    fn key_from_kafka(&self, recs: &[SourceRecord]) -> Result<Vec<ArrayRef>> {
+    fn key_from_kafka(&self, recs: &[SourceRecord]) -> Step<Vec<ArrayRef>> {
         let width = self.ty.key.len();
         let mut texts: Vec<Vec<String>> = vec![Vec::with_capacity(recs.len()); width];
         for r in recs {
-            let key = r.key.ok_or_else(|| {
-                decode_error(r, "record has no key, and the key is needed".into())
-            })?;
-            let parts = split_key(key, width).map_err(|m| decode_error(r, m))?;
+            let Some(key) = r.key else {
+                return bad(
+                    RejectCode::MissingKey,
+                    "record has no Kafka key, and the key is needed",
+                );
+            };
+            let parts =
+                split_key(key, width).map_err(|m| Fail::Record(RejectCode::MissingKey, m))?;
             for (t, p) in texts.iter_mut().zip(parts) {
                 t.push(p);
             }
@@ -339,32 +661,252 @@ impl RecordDecoder {
             let strings: ArrayRef = Arc::new(StringArray::from(t));
             let typed = cast_with_options(&strings, target, &CastOptions::default())
                 .ctx(format!("cast key {k}"))?;
-            if let Some(i) = (0..typed.len()).find(|&i| typed.is_null(i)) {
-                return Err(decode_error(
-                    &recs[i],
+            if typed.null_count() > 0 {
+                return bad(
+                    RejectCode::MissingKey,
                     format!("key part {k} is not a valid {target}"),
-                ));
+                );
             }
             out.push(typed);
         }
         Ok(out)
     }
+
+    /// A precise code and message for a record arrow-json refused, from the
+    /// raw bytes: which field, and whether it is a type or an overflow.
+    fn classify(&self, r: &SourceRecord) -> Option<(RejectCode, String)> {
+        let raw = r.value?;
+        let text = match std::str::from_utf8(raw) {
+            Ok(t) => t,
+            Err(e) => return Some((RejectCode::NotUtf8, format!("value is not UTF-8: {e}"))),
+        };
+        let v: serde_json::Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => return Some((RejectCode::MalformedJson, format!("value is not JSON: {e}"))),
+        };
+        let Some(obj) = v.as_object() else {
+            return Some((RejectCode::NotAnObject, "value is not a JSON object".into()));
+        };
+        if self.strict {
+            let composite: Vec<&str> = match &self.shape {
+                Shape::Edge { src, dst, .. } => [src, dst]
+                    .into_iter()
+                    .filter(|e| e.width > 1)
+                    .map(|e| e.field.as_str())
+                    .collect(),
+                _ => vec![],
+            };
+            if let Some(k) = obj.keys().find(|k| {
+                self.value_schema.field_with_name(k).is_err() && !composite.contains(&k.as_str())
+            }) {
+                return Some((
+                    RejectCode::UnknownField,
+                    format!("field {k:?} is not a property of {}", self.ty.name),
+                ));
+            }
+        }
+        for f in self.value_schema.fields() {
+            match obj.get(f.name()) {
+                None | Some(serde_json::Value::Null) if !f.is_nullable() => {
+                    return Some(if self.ty.key.contains(f.name()) {
+                        (
+                            RejectCode::MissingKey,
+                            format!("missing @key property {}", f.name()),
+                        )
+                    } else {
+                        (
+                            RejectCode::MissingRequired,
+                            format!("required property {} is missing or null", f.name()),
+                        )
+                    });
+                }
+                None | Some(serde_json::Value::Null) => {}
+                Some(v) => {
+                    if let Some((code, why)) = misfit(f.data_type(), v) {
+                        return Some((code, format!("{}: {why}", f.name())));
+                    }
+                }
+            }
+        }
+        None
+    }
 }
 
-fn build_decoder(schema: &SchemaRef, batch_size: usize) -> Result<Decoder> {
+/// Why a JSON value does not fit a column type, if it does not.
+fn misfit(t: &DataType, v: &serde_json::Value) -> Option<(RejectCode, String)> {
+    use serde_json::Value as J;
+    let int_range = |lo: i128, hi: i128| -> Option<(RejectCode, String)> {
+        match v {
+            J::Number(n) => {
+                let exact = n.as_i64().map(i128::from).or(n.as_u64().map(i128::from));
+                match exact {
+                    Some(x) if x < lo || x > hi => {
+                        Some((RejectCode::Overflow, format!("{n} does not fit {t}")))
+                    }
+                    Some(_) => None,
+                    None => match n.as_f64() {
+                        Some(f) if f.fract() == 0.0 => {
+                            Some((RejectCode::Overflow, format!("{n} does not fit {t}")))
+                        }
+                        _ => Some((
+                            RejectCode::WrongType,
+                            format!("{n} is not an integer ({t})"),
+                        )),
+                    },
+                }
+            }
+            other => Some((RejectCode::WrongType, format!("expected {t}, got {other}"))),
+        }
+    };
+    match t {
+        DataType::Int32 => int_range(i32::MIN as i128, i32::MAX as i128),
+        DataType::Int64 => int_range(i64::MIN as i128, i64::MAX as i128),
+        DataType::UInt32 => int_range(0, u32::MAX as i128),
+        DataType::UInt64 => int_range(0, u64::MAX as i128),
+        DataType::Float32 | DataType::Float64 => {
+            (!v.is_number()).then(|| (RejectCode::WrongType, format!("expected a number, got {v}")))
+        }
+        DataType::Utf8 => {
+            (!v.is_string()).then(|| (RejectCode::WrongType, format!("expected a string, got {v}")))
+        }
+        DataType::Boolean => (!v.is_boolean()).then(|| {
+            (
+                RejectCode::WrongType,
+                format!("expected true or false, got {v}"),
+            )
+        }),
+        DataType::List(f) | DataType::FixedSizeList(f, _) => match v {
+            J::Array(items) => items.iter().find_map(|x| misfit(f.data_type(), x)),
+            other => Some((
+                RejectCode::WrongType,
+                format!("expected a list, got {other}"),
+            )),
+        },
+        _ => None,
+    }
+}
+
+fn parse_object(raw: &[u8]) -> Step<serde_json::Map<String, serde_json::Value>> {
+    let text = std::str::from_utf8(raw)
+        .map_err(|e| Fail::Record(RejectCode::NotUtf8, format!("value is not UTF-8: {e}")))?;
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => bad(RejectCode::NotAnObject, "value is not a JSON object"),
+        Err(e) => bad(RejectCode::MalformedJson, format!("value is not JSON: {e}")),
+    }
+}
+
+fn columns_by_name(batch: &RecordBatch) -> HashMap<String, ArrayRef> {
+    batch
+        .schema()
+        .fields()
+        .iter()
+        .zip(batch.columns())
+        .map(|(f, c)| (f.name().clone(), c.clone()))
+        .collect()
+}
+
+/// One row as a JSON object (for a reject's `row`).
+pub fn row_json(batch: &RecordBatch, i: usize) -> Option<String> {
+    let mut w = arrow_json::LineDelimitedWriter::new(Vec::new());
+    w.write(&batch.slice(i, 1)).ok()?;
+    w.finish().ok()?;
+    String::from_utf8(w.into_inner())
+        .ok()
+        .map(|s| s.trim_end().to_string())
+}
+
+/// The value schema of a node mapping: the properties, key ones relaxed to
+/// nullable when the key comes from elsewhere.
+fn node_fields(ty: &GraphType, mapping: &Mapping) -> Result<(Vec<Field>, Shape)> {
+    let key = mapping.node_key();
+    let relax = !matches!(key, KeySource::Named(KeyOrigin::Value));
+    let mut fields: Vec<Field> = ty
+        .properties
+        .fields()
+        .iter()
+        .map(|f| {
+            let f = f.as_ref().clone();
+            if relax && ty.key.contains(f.name()) {
+                f.with_nullable(true)
+            } else {
+                f
+            }
+        })
+        .collect();
+    if let KeySource::Field { field } = &key {
+        if ty.properties.field_with_name(field).is_err() {
+            if ty.key.len() != 1 {
+                return Err(Error::config(format!(
+                    "mapping for topic {}: key field {field:?} must name a property when {} has a composite @key",
+                    mapping.topic, ty.name
+                )));
+            }
+            let kt = ty
+                .properties
+                .field_with_name(&ty.key[0])
+                .expect("key is a property");
+            fields.push(Field::new(field, kt.data_type().clone(), true));
+        } else if ty.key.len() != 1 || &ty.key[0] != field {
+            return Err(Error::config(format!(
+                "mapping for topic {}: key field {field:?} is a property but not the @key of {}",
+                mapping.topic, ty.name
+            )));
+        }
+    }
+    Ok((fields, Shape::Node(key)))
+}
+
+/// The value schema of an edge mapping: the properties plus each single-part
+/// endpoint field, typed as its node's key.
+fn edge_fields(
+    schema: &GraphSchema,
+    ty: &GraphType,
+    mapping: &Mapping,
+) -> Result<(Vec<Field>, Shape)> {
+    let ends = ty.ends.as_ref().expect("edges have ends");
+    let mut fields: Vec<Field> = ty
+        .properties
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut endpoint = |field: &str, node: &str| -> Result<Endpoint> {
+        if ty.properties.field_with_name(field).is_ok() {
+            return Err(Error::config(format!(
+                "mapping for topic {}: endpoint field {field:?} is also a property of {}",
+                mapping.topic, ty.name
+            )));
+        }
+        let n = schema.get(node).expect("catalog checked endpoint types");
+        if n.key.len() == 1 {
+            let kt = n
+                .properties
+                .field_with_name(&n.key[0])
+                .expect("key is a property");
+            fields.push(Field::new(field, kt.data_type().clone(), true));
+        }
+        Ok(Endpoint {
+            field: field.to_string(),
+            width: n.key.len(),
+        })
+    };
+    let src = endpoint(mapping.src_field(), &ends.from)?;
+    let dst = endpoint(mapping.dst_field(), &ends.to)?;
+    let id = match mapping.key {
+        Some(KeySource::Named(KeyOrigin::Kafka)) => EdgeId::Kafka,
+        _ if ty.unique_endpoints() => EdgeId::Endpoints,
+        _ => EdgeId::Coordinates,
+    };
+    Ok((fields, Shape::Edge { id, src, dst }))
+}
+
+fn build_decoder(schema: &SchemaRef, batch_size: usize, strict: bool) -> Result<Decoder> {
     arrow_json::ReaderBuilder::new(schema.clone())
         .with_batch_size(batch_size)
+        .with_strict_mode(strict)
         .build_decoder()
         .ctx("build JSON decoder")
-}
-
-fn decode_error(r: &SourceRecord, reason: String) -> Error {
-    Error::Decode {
-        topic: r.topic.to_string(),
-        partition: r.partition,
-        offset: r.offset,
-        reason,
-    }
 }
 
 fn take_rows(batch: &RecordBatch, idx: &UInt32Array) -> Result<RecordBatch> {
@@ -391,14 +933,6 @@ fn same_value(a: &ArrayRef, b: &ArrayRef, i: usize) -> Result<bool> {
 /// Splits a Kafka key into `width` textual parts.
 fn split_key(key: &[u8], width: usize) -> std::result::Result<Vec<String>, String> {
     let text = std::str::from_utf8(key).map_err(|_| "record key is not UTF-8".to_string())?;
-    let scalar = |v: &serde_json::Value| -> std::result::Result<String, String> {
-        match v {
-            serde_json::Value::String(s) => Ok(s.clone()),
-            serde_json::Value::Number(n) => Ok(n.to_string()),
-            serde_json::Value::Bool(b) => Ok(b.to_string()),
-            other => Err(format!("key part {other} is not a scalar")),
-        }
-    };
     if width == 1 {
         if text.starts_with('"') {
             if let Ok(serde_json::Value::String(s)) = serde_json::from_str(text) {
@@ -409,11 +943,21 @@ fn split_key(key: &[u8], width: usize) -> std::result::Result<Vec<String>, Strin
     }
     match serde_json::from_str::<serde_json::Value>(text) {
         Ok(serde_json::Value::Array(items)) if items.len() == width => {
-            items.iter().map(scalar).collect()
+            items.iter().map(scalar_text).collect()
         }
         _ => Err(format!(
             "composite key must be a JSON array of {width} values, got {text:?}"
         )),
+    }
+}
+
+/// The canonical text of a JSON scalar key part.
+fn scalar_text(v: &serde_json::Value) -> std::result::Result<String, String> {
+    match v {
+        serde_json::Value::String(s) => Ok(s.clone()),
+        serde_json::Value::Number(n) => Ok(n.to_string()),
+        serde_json::Value::Bool(b) => Ok(b.to_string()),
+        other => Err(format!("key part {other} is not a scalar")),
     }
 }
 
@@ -445,19 +989,26 @@ mod tests {
     use super::*;
     use crate::schema::GraphSchema;
 
-    fn decoder(key: KeySource) -> RecordDecoder {
-        let s = GraphSchema::parse(
-            "node P { name: String @key  age: I32? }\nnode M { t: String  s: U32  @key(t, s) }",
-            "t.pg",
-        )
-        .unwrap();
-        let m = Mapping {
-            topic: "t".into(),
-            node: "P".into(),
-            key,
-            buckets: None,
-        };
-        RecordDecoder::new(s.get("P").unwrap(), &m, 100).unwrap()
+    const PG: &str = r#"
+        node P { name: String @key  age: I32?  n: U32?  color: enum(red, green)?  code: String?
+                 @range(age, 0..200)  @check(code, "^[A-Z]{3}$") }
+        node M { t: String  s: U32  @key(t, s) }
+        edge Knows: P -> P { since: I32? }
+        edge Pair: P -> P { @unique(src, dst) }
+        edge In: P -> M
+    "#;
+
+    pub(crate) fn mapping(toml_text: &str) -> Mapping {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    fn decoder_for(m: &str) -> RecordDecoder {
+        let s = GraphSchema::parse(PG, "t.pg").unwrap();
+        RecordDecoder::new(&s, &mapping(m), 100, 200).unwrap()
+    }
+
+    fn decoder(key: &str) -> RecordDecoder {
+        decoder_for(&format!("topic = 't'\nnode = 'P'\n{key}"))
     }
 
     fn rec<'a>(offset: i64, key: Option<&'a str>, value: Option<&'a str>) -> SourceRecord<'a> {
@@ -468,12 +1019,24 @@ mod tests {
             timestamp: Some(1),
             key: key.map(str::as_bytes),
             value: value.map(str::as_bytes),
+            headers: None,
         }
+    }
+
+    fn ids(b: &RecordBatch) -> Vec<String> {
+        let c = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+        c.iter().map(|v| v.unwrap().to_string()).collect()
+    }
+
+    fn col(b: &RecordBatch, name: &str) -> Vec<String> {
+        let c = arrow::compute::cast(b.column_by_name(name).unwrap(), &DataType::Utf8).unwrap();
+        let c = c.as_any().downcast_ref::<StringArray>().unwrap();
+        c.iter().map(|v| v.unwrap_or("null").to_string()).collect()
     }
 
     #[test]
     fn last_write_per_key_wins_within_a_poll() {
-        let mut d = decoder(KeySource::default());
+        let mut d = decoder("");
         let out = d
             .decode(&[
                 rec(0, None, Some(r#"{"name":"a","age":1}"#)),
@@ -483,79 +1046,223 @@ mod tests {
             ])
             .unwrap();
         let ups = out.upserts.unwrap();
-        assert_eq!(ups.num_rows(), 1);
-        assert_eq!(
-            ups.column(0)
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .unwrap()
-                .value(0),
-            "a"
-        );
+        assert_eq!(ids(&ups), ["a"]);
+        assert_eq!(col(&ups, "age"), ["3"]);
         assert_eq!(out.deletes.unwrap().num_rows(), 1);
+        assert!(out.rejects.is_empty());
+    }
+
+    /// Each bad record becomes exactly one reject with its code; the good
+    /// records around it still decode, in one batch.
+    #[test]
+    fn a_corpus_of_bad_records_rejects_each_with_its_code() {
+        let mut d = decoder("");
+        let long = format!(r#"{{"name":"x","code":"{}"}}"#, "A".repeat(300));
+        type Case<'a> = (Option<&'a str>, Option<&'a [u8]>, Option<RejectCode>);
+        let corpus: Vec<Case> = vec![
+            (None, Some(br#"{"name":"ok1","age":5}"#), None),
+            (None, Some(br#"{"name":"#), Some(RejectCode::MalformedJson)),
+            (
+                None,
+                Some(br#"{"name":"a"}{"name":"b"}"#),
+                Some(RejectCode::MalformedJson),
+            ),
+            (None, Some(br#"[1,2]"#), Some(RejectCode::NotAnObject)),
+            (
+                None,
+                Some(br#"{"name":"b","age":"x"}"#),
+                Some(RejectCode::WrongType),
+            ),
+            (
+                None,
+                Some(br#"{"name":"c","age":3000000000}"#),
+                Some(RejectCode::Overflow),
+            ),
+            (
+                None,
+                Some(br#"{"name":"c2","n":-1}"#),
+                Some(RejectCode::Overflow),
+            ),
+            (None, Some(br#"{"age":4}"#), Some(RejectCode::MissingKey)),
+            (
+                None,
+                Some(br#"{"name":"d","color":"blue"}"#),
+                Some(RejectCode::Enum),
+            ),
+            (
+                None,
+                Some(br#"{"name":"e","age":201}"#),
+                Some(RejectCode::Range),
+            ),
+            (
+                None,
+                Some(br#"{"name":"f","code":"abc"}"#),
+                Some(RejectCode::Check),
+            ),
+            (
+                None,
+                Some(br#"{"name":"g","extra":1}"#),
+                Some(RejectCode::UnknownField),
+            ),
+            (
+                None,
+                Some(b"{\"name\":\"\xff\"}"),
+                Some(RejectCode::NotUtf8),
+            ),
+            (None, Some(long.as_bytes()), Some(RejectCode::Oversized)),
+            (None, None, Some(RejectCode::BadTombstone)),
+            (
+                None,
+                Some(br#"{"name":"ok2","age":200,"code":"ABC","color":"red"}"#),
+                None,
+            ),
+        ];
+        let records: Vec<SourceRecord> = corpus
+            .iter()
+            .enumerate()
+            .map(|(i, (k, v, _))| SourceRecord {
+                topic: "t",
+                partition: 0,
+                offset: i as i64,
+                timestamp: None,
+                key: k.map(str::as_bytes),
+                value: *v,
+                headers: None,
+            })
+            .collect();
+        let out = d.decode(&records).unwrap();
+        assert_eq!(ids(out.upserts.as_ref().unwrap()), ["ok1", "ok2"]);
+        let got: Vec<(i64, RejectCode)> = out
+            .rejects
+            .iter()
+            .map(|r| (r.offset.unwrap(), r.code))
+            .collect();
+        let want: Vec<(i64, RejectCode)> = corpus
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, _, c))| c.map(|c| (i as i64, c)))
+            .collect();
+        assert_eq!(got, want, "{:#?}", out.rejects);
+        let range = out
+            .rejects
+            .iter()
+            .find(|r| r.code == RejectCode::Range)
+            .unwrap();
+        assert!(range.row.as_deref().unwrap().contains("201"), "{range:?}");
+        assert_eq!(
+            range.value.as_deref(),
+            Some(&br#"{"name":"e","age":201}"#[..])
+        );
+        let overflow = out
+            .rejects
+            .iter()
+            .find(|r| r.code == RejectCode::Overflow)
+            .unwrap();
+        assert!(overflow.message.contains("age"), "{}", overflow.message);
+    }
+
+    /// A rejected update does not hide the accepted one before it.
+    #[test]
+    fn a_rejected_last_write_leaves_the_earlier_one() {
+        let mut d = decoder("");
+        let out = d
+            .decode(&[
+                rec(0, None, Some(r#"{"name":"a","age":1}"#)),
+                rec(1, None, Some(r#"{"name":"a","age":999}"#)),
+            ])
+            .unwrap();
+        assert_eq!(col(out.upserts.as_ref().unwrap(), "age"), ["1"]);
+        assert_eq!(out.rejects.len(), 1);
     }
 
     #[test]
-    fn bad_record_is_named() {
-        let mut d = decoder(KeySource::default());
-        let e = d
-            .decode(&[
-                rec(7, None, Some(r#"{"name":"a"}"#)),
-                rec(8, None, Some(r#"{"name":"b","age":"x"}"#)),
-            ])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("t/0@8"), "{e}");
-        let e = d
-            .decode(&[rec(9, None, Some(r#"{"name":"a"}{"name":"b"}"#))])
-            .unwrap_err();
-        assert!(e.to_string().contains("t/0@9"), "{e}");
-        let e = d.decode(&[rec(10, None, Some(r#"{"name":"#))]).unwrap_err();
-        assert!(e.to_string().contains("t/0@10"), "{e}");
+    fn unknown_fields_can_be_ignored() {
+        let mut d = decoder("unknown_fields = 'ignore'");
+        let out = d
+            .decode(&[rec(0, None, Some(r#"{"name":"a","extra":[1]}"#))])
+            .unwrap();
+        assert_eq!(ids(out.upserts.as_ref().unwrap()), ["a"]);
+        assert!(out.rejects.is_empty());
     }
 
     #[test]
     fn key_from_kafka_fills_the_property() {
-        let mut d = decoder(KeySource::Named(KeyOrigin::Kafka));
+        let mut d = decoder("key = 'kafka'");
         let out = d
-            .decode(&[rec(0, Some("zed"), Some(r#"{"age":4}"#))])
+            .decode(&[
+                rec(0, Some("zed"), Some(r#"{"age":4}"#)),
+                rec(1, Some("zed"), Some(r#"{"name":"other"}"#)),
+                rec(2, None, Some(r#"{"age":4}"#)),
+            ])
             .unwrap();
-        let ups = out.upserts.unwrap();
-        let name = ups.column_by_name("name").unwrap();
-        assert_eq!(
-            name.as_any()
-                .downcast_ref::<StringArray>()
-                .unwrap()
-                .value(0),
-            "zed"
-        );
-        let e = d
-            .decode(&[rec(1, Some("zed"), Some(r#"{"name":"other"}"#))])
-            .unwrap_err();
-        assert!(e.to_string().contains("disagrees"), "{e}");
+        assert_eq!(col(out.upserts.as_ref().unwrap(), "name"), ["zed"]);
+        let codes: Vec<_> = out.rejects.iter().map(|r| r.code).collect();
+        assert_eq!(codes, [RejectCode::KeyMismatch, RejectCode::MissingKey]);
     }
 
     #[test]
     fn an_id_property_key_becomes_the_canonical_id() {
         let s = GraphSchema::parse("node U { id: I64 @key  n: String? }", "t.pg").unwrap();
-        let m = Mapping {
-            topic: "t".into(),
-            node: "U".into(),
-            key: KeySource::default(),
-            buckets: None,
-        };
-        let mut d = RecordDecoder::new(s.get("U").unwrap(), &m, 10).unwrap();
+        let m = mapping("topic = 't'\nnode = 'U'");
+        let mut d = RecordDecoder::new(&s, &m, 10, 1000).unwrap();
         let out = d
             .decode(&[rec(0, None, Some(r#"{"id": 42, "n": "x"}"#))])
             .unwrap();
         let rows = out.upserts.unwrap();
         assert_eq!(rows.schema().fields().len(), 1 + 1 + 4);
-        let id = rows
-            .column(0)
-            .as_any()
-            .downcast_ref::<StringArray>()
+        assert_eq!(ids(&rows), ["42"]);
+    }
+
+    #[test]
+    fn edge_ids_follow_the_mapping() {
+        // No @unique(src, dst): the record's coordinates.
+        let mut d = decoder_for("topic = 't'\nedge = 'Knows'\nsrc = 'from'\ndst = 'to'");
+        let out = d
+            .decode(&[
+                rec(5, None, Some(r#"{"from":"a","to":"b","since":3}"#)),
+                rec(6, None, Some(r#"{"from":"a","since":3}"#)),
+                rec(7, Some("t/0/5"), None),
+            ])
             .unwrap();
-        assert_eq!(id.value(0), "42");
+        assert!(out.upserts.is_none(), "the tombstone of t/0/5 wins");
+        assert_eq!(ids(out.deletes.as_ref().unwrap()), ["t/0/5"]);
+        assert_eq!(out.rejects[0].code, RejectCode::MissingEndpoint);
+        let out = d
+            .decode(&[rec(8, None, Some(r#"{"from":"a","to":"b","since":3}"#))])
+            .unwrap();
+        let rows = out.upserts.unwrap();
+        assert_eq!(ids(&rows), ["t/0/8"]);
+        assert_eq!(col(&rows, "src"), ["a"]);
+        assert_eq!(col(&rows, "dst"), ["b"]);
+        // @unique(src, dst): the endpoints.
+        let mut d = decoder_for("topic = 't'\nedge = 'Pair'");
+        let out = d
+            .decode(&[rec(0, None, Some(r#"{"src":"a","dst":"b"}"#))])
+            .unwrap();
+        assert_eq!(ids(out.upserts.as_ref().unwrap()), [r#"["a","b"]"#]);
+        // The Kafka key.
+        let mut d = decoder_for("topic = 't'\nedge = 'Knows'\nkey = 'kafka'");
+        let out = d
+            .decode(&[
+                rec(0, Some("e1"), Some(r#"{"src":"a","dst":"b"}"#)),
+                rec(1, None, Some(r#"{"src":"a","dst":"b"}"#)),
+            ])
+            .unwrap();
+        assert_eq!(ids(out.upserts.as_ref().unwrap()), ["e1"]);
+        assert_eq!(out.rejects[0].code, RejectCode::MissingKey);
+        // A composite endpoint is a JSON array.
+        let mut d = decoder_for("topic = 't'\nedge = 'In'");
+        let out = d
+            .decode(&[
+                rec(0, None, Some(r#"{"src":"a","dst":["acme",7]}"#)),
+                rec(1, None, Some(r#"{"src":"a","dst":"acme"}"#)),
+            ])
+            .unwrap();
+        assert_eq!(
+            col(out.upserts.as_ref().unwrap(), "dst"),
+            [r#"["acme","7"]"#]
+        );
+        assert_eq!(out.rejects[0].code, RejectCode::MissingEndpoint);
     }
 
     #[test]
@@ -588,13 +1295,8 @@ mod type_tests {
             "t.pg",
         )
         .unwrap();
-        let m = Mapping {
-            topic: "t".into(),
-            node: "T".into(),
-            key: KeySource::default(),
-            buckets: None,
-        };
-        let mut d = RecordDecoder::new(s.get("T").unwrap(), &m, 10).unwrap();
+        let m = tests::mapping("topic = 't'\nnode = 'T'");
+        let mut d = RecordDecoder::new(&s, &m, 10, 1 << 20).unwrap();
         let v = r#"{"k": 9007199254740993, "s": "x", "b": true, "i": -5, "u": 7, "ul": 18446744073709551615,
                     "f": 1.5, "d": 2.25, "day": "2024-02-29", "at": "2024-02-29T12:34:56Z",
                     "tags": ["a", "b"], "v": [1.0, 2.0, 3.0], "e": "red"}"#;
@@ -605,6 +1307,7 @@ mod type_tests {
             timestamp: None,
             key: None,
             value: Some(v.as_bytes()),
+            headers: None,
         };
         let out = d.decode(&[r]).unwrap();
         let rows = out.upserts.unwrap();

@@ -56,6 +56,16 @@ pub enum Error {
         #[source]
         source: arrow_schema::ArrowError,
     },
+    #[error("dead-letter topic {topic}: {reason}")]
+    DeadLetter { topic: String, reason: String },
+    #[error("record {topic}/{partition}@{offset} rejected ({code}) and errors.tolerance is \"none\": {message}")]
+    Intolerable {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        code: &'static str,
+        message: String,
+    },
     #[error("corrupt graph state: {0}")]
     Corrupt(String),
     #[error("failpoint {0} fired")]
@@ -76,7 +86,8 @@ impl Error {
             Error::Config(_) | Error::Schema { .. } | Error::Incompatible { .. } => {
                 ErrorKind::BadConfig
             }
-            Error::Decode { .. } => ErrorKind::BadInput,
+            Error::Decode { .. } | Error::Intolerable { .. } => ErrorKind::BadInput,
+            Error::DeadLetter { .. } => ErrorKind::Retry,
             Error::Fenced { .. } => ErrorKind::Fenced,
             Error::CommitConflict { .. } | Error::Kafka(_) | Error::Failpoint(_) => {
                 ErrorKind::Retry

@@ -13,6 +13,8 @@ use crate::error::{Error, Result};
 pub const FOLD_BEFORE_PUBLISH: &str = "fold.before_publish";
 /// After a fold's delete pass, before its upsert pass.
 pub const FOLD_BETWEEN_PASSES: &str = "fold.between_passes";
+/// After a fold's publish, before its rejects are produced to the dead-letter topic.
+pub const FOLD_BEFORE_DEAD_LETTERS: &str = "fold.before_dead_letters";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {

@@ -18,12 +18,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::error::{Context, Error, Result};
-use crate::schema::{same_columns, GraphSchema, GraphType, PK_METADATA};
+use crate::rejects::{self, REJECTS_TABLE};
+use crate::schema::{same_columns, GraphSchema, GraphType, TypeKind, PK_METADATA};
 use crate::shards;
 
 pub const MANIFEST_TABLE: &str = "__manifest";
 const HEAD_ID: &str = "graph_head:main";
 const SCHEMA_ID: &str = "graph_schema";
+/// Newest commit whose fold rejects all reached the dead-letter topic.
+const DELIVERED_ID: &str = "dead_letters:main";
 
 /// One published graph commit: a version of every table, and what the fold
 /// that produced it folded.
@@ -43,6 +46,9 @@ pub struct GraphCommit {
     pub offsets: Vec<OffsetRange>,
     #[serde(default)]
     pub stats: BTreeMap<String, TableStats>,
+    /// Newest commit (seq) whose fold rejects all reached the dead-letter topic.
+    #[serde(default)]
+    pub dead_letters_delivered: u64,
 }
 
 /// Generations `(after, upto]` of one shard merged by a commit.
@@ -68,6 +74,9 @@ pub struct OffsetRange {
 pub struct TableStats {
     pub upserted: u64,
     pub deleted: u64,
+    /// Rows this commit refused at fold time (fold rejects).
+    #[serde(default)]
+    pub rejected: u64,
 }
 
 /// Schema facts recorded at init, so later starts can explain a mismatch.
@@ -82,8 +91,10 @@ struct SchemaRecord {
 pub struct Graph {
     root: String,
     pub schema: Arc<GraphSchema>,
-    /// Buckets N per table path.
+    /// Buckets N per MemWAL table path (graph types and `_ingest_rejects`).
     pub buckets: BTreeMap<String, u32>,
+    /// Fold-time policies from the config.
+    pub policies: Arc<crate::fold::Policies>,
 }
 
 impl Graph {
@@ -94,6 +105,7 @@ impl Graph {
             root: config.root_uri(),
             schema: Arc::new(schema),
             buckets,
+            policies: Arc::new(crate::fold::Policies::from_config(config)),
         };
         match graph.open_manifest().await {
             Ok(_) => graph.check_compatible().await?,
@@ -112,6 +124,7 @@ impl Graph {
                 source: String::new(),
             }),
             buckets: BTreeMap::new(),
+            policies: Default::default(),
         };
         graph.open_manifest().await.map_err(|e| {
             if is_not_found(&e) {
@@ -125,6 +138,43 @@ impl Graph {
 
     pub fn root(&self) -> &str {
         &self.root
+    }
+
+    /// Tables with MemWAL shards, in fold order: nodes, edges, rejects.
+    pub fn wal_tables(&self) -> Vec<String> {
+        let mut types: Vec<&GraphType> = self.schema.types.iter().collect();
+        types.sort_by_key(|t| (t.kind == TypeKind::Edge, t.name.clone()));
+        let mut out: Vec<String> = types.iter().map(|t| t.table.clone()).collect();
+        out.push(REJECTS_TABLE.to_string());
+        out
+    }
+
+    /// Every table a graph commit pins, with its layout and primary key.
+    fn all_tables(&self) -> Vec<(String, SchemaRef, &'static str)> {
+        let mut out: Vec<(String, SchemaRef, &'static str)> = self
+            .schema
+            .types
+            .iter()
+            .map(|t| (t.table.clone(), t.table_schema.clone(), crate::schema::ID))
+            .collect();
+        for t in self
+            .schema
+            .types
+            .iter()
+            .filter(|t| t.kind == TypeKind::Edge)
+        {
+            out.push((
+                crate::fold::pending_table(&t.table),
+                crate::fold::pending_schema(t),
+                crate::schema::ID,
+            ));
+        }
+        out.push((
+            REJECTS_TABLE.to_string(),
+            rejects::table_schema(),
+            rejects::REJECT_ID,
+        ));
+        out
     }
 
     pub fn table_uri(&self, table: &str) -> String {
@@ -153,10 +203,10 @@ impl Graph {
     async fn init(&self) -> Result<()> {
         tracing::info!(root = %self.root, "initialising graph");
         let mut tables = BTreeMap::new();
-        for t in &self.schema.types {
-            let n = self.buckets[&t.table];
-            let ds = self.init_table(t, n).await?;
-            tables.insert(t.table.clone(), ds.version().version);
+        for (table, schema, pk) in self.all_tables() {
+            let n = self.buckets.get(&table).copied();
+            let ds = self.init_table(&table, &schema, pk, n).await?;
+            tables.insert(table, ds.version().version);
         }
         let record = SchemaRecord {
             source: self.schema.source.clone(),
@@ -172,6 +222,7 @@ impl Graph {
             folded: vec![],
             offsets: vec![],
             stats: BTreeMap::new(),
+            dead_letters_delivered: 0,
         };
         let mut rows = ManifestRows::default();
         rows.push_commit(&commit);
@@ -198,12 +249,19 @@ impl Graph {
         Ok(())
     }
 
-    async fn init_table(&self, t: &GraphType, buckets: u32) -> Result<Dataset> {
-        let uri = self.table_uri(&t.table);
+    /// Creates one table; with `buckets`, also its MemWAL and shards.
+    async fn init_table(
+        &self,
+        table: &str,
+        schema: &SchemaRef,
+        pk: &str,
+        buckets: Option<u32>,
+    ) -> Result<Dataset> {
+        let uri = self.table_uri(table);
         let mut ds = match Dataset::open(&uri).await {
             Ok(ds) => ds,
             Err(e) if is_lance_not_found(&e) => {
-                let empty = RecordBatchIterator::new(vec![], t.table_schema.clone());
+                let empty = RecordBatchIterator::new(vec![], schema.clone());
                 let params = WriteParams {
                     mode: WriteMode::Create,
                     ..Default::default()
@@ -214,14 +272,17 @@ impl Graph {
             }
             Err(e) => return Err(e).ctx(format!("open {uri}")),
         };
+        let Some(buckets) = buckets else {
+            return Ok(ds);
+        };
         if ds.mem_wal_index_details().await.ctx(&uri)?.is_none() {
             ds.initialize_mem_wal()
-                .bucket_sharding(crate::schema::ID, buckets)
+                .bucket_sharding(pk, buckets)
                 .execute()
                 .await
                 .ctx(format!("initialise MemWAL on {uri}"))?;
         }
-        shards::initialize_shards(&ds, &t.table, buckets).await?;
+        shards::initialize_shards(&ds, table, buckets).await?;
         Ok(ds)
     }
 
@@ -233,7 +294,8 @@ impl Graph {
             root: self.root.clone(),
             message,
         };
-        let want: Vec<&str> = self.schema.types.iter().map(|t| t.table.as_str()).collect();
+        let all = self.all_tables();
+        let want: Vec<&str> = all.iter().map(|t| t.0.as_str()).collect();
         let have: Vec<&str> = head.tables.keys().map(String::as_str).collect();
         let mut want_sorted = want.clone();
         want_sorted.sort();
@@ -244,23 +306,23 @@ impl Graph {
                 have.join(", ")
             )));
         }
-        for t in &self.schema.types {
-            let ds = self
-                .open_table(&t.table, Some(head.tables[&t.table]))
-                .await?;
+        for (table, schema, _) in &all {
+            let ds = self.open_table(table, Some(head.tables[table])).await?;
             let actual: Schema = ds.schema().into();
-            same_columns(&t.table_schema, &actual)
-                .map_err(|m| incompatible(format!("{}: schema wants {m}", t.table)))?;
+            same_columns(schema, &actual)
+                .map_err(|m| incompatible(format!("{table}: schema wants {m}")))?;
+            let Some(&n) = self.buckets.get(table) else {
+                continue;
+            };
             let details = ds
                 .mem_wal_index_details()
                 .await
-                .ctx(&t.table)?
-                .ok_or_else(|| incompatible(format!("{} has no MemWAL", t.table)))?;
-            let n = self.buckets[&t.table];
+                .ctx(table)?
+                .ok_or_else(|| incompatible(format!("{table} has no MemWAL")))?;
             if details.num_shards != n {
                 return Err(incompatible(format!(
-                    "{} was created with {} buckets, config asks for {n}",
-                    t.table, details.num_shards
+                    "{table} was created with {} buckets, config asks for {n}",
+                    details.num_shards
                 )));
             }
         }
@@ -299,6 +361,48 @@ impl Graph {
             .first()
             .ok_or_else(|| Error::config(format!("no graph commit {id}")))?;
         parse_commit(row)
+    }
+
+    /// The dead-letter delivery mark: every fold reject of commits up to
+    /// this seq was produced.
+    pub async fn dead_letters_delivered(&self) -> Result<u64> {
+        let ds = self.open_manifest().await?;
+        let head = self.head_at(&ds).await?;
+        let rows = read_rows(&ds, &format!("object_id = '{DELIVERED_ID}'")).await?;
+        let mark = rows
+            .first()
+            .and_then(|r| r.payload.as_deref())
+            .and_then(|p| p.parse::<u64>().ok())
+            .unwrap_or(0);
+        Ok(mark.max(head.dead_letters_delivered))
+    }
+
+    /// Records the delivery mark (not a graph commit: readers never see it).
+    pub async fn set_dead_letters_delivered(&self, seq: u64) -> Result<()> {
+        let ds = self.open_manifest().await?;
+        let mut rows = ManifestRows::default();
+        rows.push(ManifestRow {
+            object_id: DELIVERED_ID.into(),
+            kind: "dead_letters",
+            seq: Some(seq as i64),
+            created_at: Some(now_ms()),
+            payload: Some(seq.to_string()),
+            ..Default::default()
+        });
+        let batch = rows.into_batch();
+        let mut b = MergeInsertBuilder::try_new(Arc::new(ds), vec!["object_id".into()])
+            .ctx("dead-letter mark")?;
+        b.when_matched(WhenMatched::UpdateAll)
+            .when_not_matched(WhenNotMatched::InsertAll);
+        b.try_build()
+            .ctx("dead-letter mark")?
+            .execute_reader(RecordBatchIterator::new(
+                vec![Ok(batch.clone())],
+                batch.schema(),
+            ))
+            .await
+            .ctx("record dead-letter mark")?;
+        Ok(())
     }
 
     /// All commits, newest first.
@@ -379,11 +483,13 @@ fn buckets_per_table(config: &Config, schema: &GraphSchema) -> Result<BTreeMap<S
     for t in &schema.types {
         out.insert(t.table.clone(), config.wal.buckets);
     }
+    // Rejects are few: one shard keeps their WAL small.
+    out.insert(REJECTS_TABLE.to_string(), 1);
     for (i, m) in config.mappings.iter().enumerate() {
-        let t = schema.get(&m.node).ok_or_else(|| {
+        let t = schema.get(m.type_name()).ok_or_else(|| {
             Error::config(format!(
-                "mapping[{i}].node: type {:?} is not in the schema (types: {})",
-                m.node,
+                "mapping[{i}]: type {:?} is not in the schema (types: {})",
+                m.type_name(),
                 schema
                     .types
                     .iter()

@@ -15,8 +15,10 @@ pub mod fold;
 pub mod graph;
 pub mod offsets;
 pub mod pipeline;
+pub mod rejects;
 pub mod schema;
 pub mod shards;
+pub mod validate;
 
 pub use config::Config;
 pub use error::{Error, ErrorKind, Result};

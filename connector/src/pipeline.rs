@@ -16,13 +16,14 @@ use rdkafka::message::{BorrowedMessage, Message};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, Tolerance};
 use crate::consumer::{self, Committable, GroupConsumer, GroupEvent};
 use crate::decode::{RecordDecoder, SourceRecord};
 use crate::error::{Error, Result};
 use crate::fold::{self, CutRequest, FoldLoop, FreezeCut};
 use crate::graph::{Graph, GraphCommit};
 use crate::offsets::{DurableWatermarks, PollAck, PollSpans, TopicPartition, WrittenSpans};
+use crate::rejects::{self, DeadLetters, REJECTS_TABLE};
 use crate::schema::GraphSchema;
 use crate::shards::{PendingWrite, ShardPool};
 
@@ -47,6 +48,8 @@ pub struct RunStats {
     pub consumed: AtomicU64,
     /// Records whose poll became durable.
     pub durable: AtomicU64,
+    /// Records rejected before the WAL (decode, validate).
+    pub rejected: AtomicU64,
     /// Successful offset commits.
     pub commits: AtomicU64,
 }
@@ -56,6 +59,14 @@ pub struct RunStats {
 pub struct RunSummary {
     pub records: u64,
     pub committed: BTreeMap<TopicPartition, i64>,
+}
+
+/// Sleeps until `t`, or forever when there is none.
+async fn sleep_until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Runs the connector until `shutdown` is cancelled, then drains: stops
@@ -75,14 +86,28 @@ pub async fn run_with(
 
     let mut decoders = HashMap::new();
     for m in &config.mappings {
-        let ty = graph.schema.get(&m.node).expect("checked by open_or_init");
         decoders.insert(
             m.topic.clone(),
-            RecordDecoder::new(ty, m, config.wal.max_poll_records)?,
+            RecordDecoder::new(
+                &graph.schema,
+                m,
+                config.wal.max_poll_records,
+                config.errors.max_record_bytes,
+            )?,
         );
     }
-    let tables: Vec<String> = graph.schema.types.iter().map(|t| t.table.clone()).collect();
-    let pool = ShardPool::open(&graph, &config.wal, &tables).await?;
+    let dead_letters = DeadLetters::connect(&config).await?;
+    // Fold rejects a crash kept from the dead-letter topic go out first.
+    let (delivered, late) = fold::undelivered(&graph).await?;
+    if !late.is_empty() {
+        tracing::warn!(
+            rejects = late.len(),
+            "re-delivering fold rejects of published commits"
+        );
+        dead_letters.deliver(&late, &shutdown).await?;
+        graph.set_dead_letters_delivered(delivered).await?;
+    }
+    let pool = ShardPool::open(&graph, &config.wal, &graph.wal_tables()).await?;
 
     let committable: Committable = Default::default();
     let (kafka, events) = consumer::subscribe(&config, committable.clone())?;
@@ -104,6 +129,9 @@ pub async fn run_with(
             stop: fold_stop.clone(),
             final_fold: config.fold.on_shutdown,
             published,
+            dead_letters: dead_letters.clone(),
+            delivered,
+            stop_delivery: shutdown.clone(),
         }
         .run(),
     );
@@ -125,6 +153,9 @@ pub async fn run_with(
         wake,
         stats: options.stats.clone().unwrap_or_default(),
         summary: RunSummary::default(),
+        dead_letters,
+        shutdown: shutdown.clone(),
+        breaker: Breaker::default(),
     };
     let mut cut_rx = cut_rx;
     let mut fold_task = fold_task;
@@ -166,6 +197,18 @@ struct RunLoop<'a> {
     wake: Arc<Notify>,
     stats: Arc<RunStats>,
     summary: RunSummary,
+    dead_letters: DeadLetters,
+    shutdown: CancellationToken,
+    breaker: Breaker,
+}
+
+/// The reject-rate breaker: rejects counted per minute; past the limit,
+/// fetching pauses for `errors.breaker_pause`.
+#[derive(Default)]
+struct Breaker {
+    window_start: Option<tokio::time::Instant>,
+    count: u64,
+    paused_until: Option<tokio::time::Instant>,
 }
 
 impl RunLoop<'_> {
@@ -200,7 +243,11 @@ impl RunLoop<'_> {
                 Some(ack) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.on_ack(ack?);
                 }
-                msg = kafka.recv(), if self.in_flight.len() < max_in_flight => {
+                _ = sleep_until(self.breaker.paused_until), if self.breaker.paused_until.is_some() => {
+                    tracing::warn!("reject-rate breaker: resuming fetches");
+                    self.breaker.paused_until = None;
+                }
+                msg = kafka.recv(), if self.in_flight.len() < max_in_flight && self.breaker.paused_until.is_none() => {
                     match msg {
                         Ok(first) => {
                             let ack = self.process_poll(kafka, first).await?;
@@ -252,30 +299,64 @@ impl RunLoop<'_> {
                 timestamp: m.timestamp().to_millis(),
                 key: m.key(),
                 value: m.payload(),
+                headers: m.headers(),
             };
             seen.record(r.topic, r.partition, r.offset);
             self.pending_bytes += r.value.map_or(0, |v| v.len() as u64);
             by_topic.entry(r.topic).or_default().push(r);
         }
-        seen.add_to(&mut self.spans);
-        let ack = seen.ack();
-        let mut writes: Vec<PendingWrite> = Vec::new();
+        // Decode every topic before writing anything, so a poll that must
+        // stop (errors.tolerance = "none") writes nothing.
+        let mut decoded = Vec::with_capacity(by_topic.len());
+        let mut rejects = Vec::new();
         for (topic, records) in by_topic {
             let decoder = self
                 .decoders
                 .get_mut(topic)
                 .ok_or_else(|| Error::Other(format!("record from unmapped topic {topic}")))?;
-            let decoded = decoder.decode(&records)?;
-            let table = &decoder.graph_type().table;
-            let shards = &self.pool.tables[table];
-            if let Some(rows) = decoded.upserts {
+            let mut d = decoder.decode(&records)?;
+            rejects.append(&mut d.rejects);
+            decoded.push((decoder.graph_type().table.clone(), d));
+        }
+        if let Some(r) = rejects.first() {
+            if self.config.errors.tolerance == Tolerance::None {
+                return Err(Error::Intolerable {
+                    topic: r.topic.clone().unwrap_or_default(),
+                    partition: r.partition.unwrap_or(-1),
+                    offset: r.offset.unwrap_or(-1),
+                    code: r.code.as_str(),
+                    message: r.message.clone(),
+                });
+            }
+            self.trip_breaker(rejects.len() as u64);
+        }
+        seen.add_to(&mut self.spans);
+        let ack = seen.ack();
+        let mut writes: Vec<PendingWrite> = Vec::new();
+        for (table, d) in decoded {
+            let shards = &self.pool.tables[&table];
+            if let Some(rows) = d.upserts {
                 self.pending_rows += rows.num_rows() as u64;
                 writes.extend(shards.put(rows).await?);
             }
-            if let Some(keys) = decoded.deletes {
+            if let Some(keys) = d.deletes {
                 self.pending_rows += keys.num_rows() as u64;
                 writes.extend(shards.delete(keys).await?);
             }
+        }
+        if !rejects.is_empty() {
+            self.pending_rows += rejects.len() as u64;
+            self.stats
+                .rejected
+                .fetch_add(rejects.len() as u64, Ordering::Relaxed);
+            for r in &rejects {
+                tracing::debug!(reject_id = %r.reject_id, code = r.code.as_str(), message = %r.message, "rejected");
+            }
+            writes.extend(
+                self.pool.tables[REJECTS_TABLE]
+                    .put(rejects::to_batch(&rejects))
+                    .await?,
+            );
         }
         self.summary.records += msgs.len() as u64;
         self.stats
@@ -287,13 +368,48 @@ impl RunLoop<'_> {
         {
             self.wake.notify_one();
         }
+        // Durable means: in the WAL, and every reject both in the rejects
+        // WAL and acknowledged by the dead-letter topic.
+        let dead_letters = self.dead_letters.clone();
+        let stop = self.shutdown.clone();
         Ok(async move {
+            if !rejects.is_empty() {
+                dead_letters.deliver(&rejects, &stop).await?;
+            }
             for w in writes {
                 w.wait().await?;
             }
             Ok(ack)
         }
         .boxed())
+    }
+
+    /// Counts rejects; past `errors.max_rejects_per_minute`, pauses fetching.
+    fn trip_breaker(&mut self, n: u64) {
+        let limit = self.config.errors.max_rejects_per_minute;
+        if limit == 0 {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let b = &mut self.breaker;
+        match b.window_start {
+            Some(t) if now.duration_since(t) < Duration::from_secs(60) => b.count += n,
+            _ => {
+                b.window_start = Some(now);
+                b.count = n;
+            }
+        }
+        if b.count > limit && b.paused_until.is_none() {
+            let pause = self.config.errors.breaker_pause;
+            tracing::error!(
+                rejects = b.count,
+                limit,
+                pause = ?pause,
+                "reject-rate breaker tripped: more than errors.max_rejects_per_minute; pausing fetches"
+            );
+            b.paused_until = Some(now + pause);
+            b.window_start = None;
+        }
     }
 
     fn on_ack(&mut self, mut ack: PollAck) {
@@ -396,11 +512,23 @@ impl RunLoop<'_> {
         mut fold_task: tokio::task::JoinHandle<Result<()>>,
         fold_stop: CancellationToken,
     ) -> Result<RunSummary> {
+        // Commit what became durable even when a later poll failed (e.g.
+        // the dead-letter topic stayed down through the shutdown).
+        let mut failed = None;
         while let Some(ack) = self.in_flight.next().await {
-            let ack = ack?;
-            self.on_ack(ack);
+            match ack {
+                Ok(ack) if failed.is_none() => self.on_ack(ack),
+                Ok(_) => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
         }
         self.commit(&kafka, CommitMode::Sync)?;
+        if let Some(e) = failed {
+            fold_stop.cancel();
+            return Err(e);
+        }
         fold_stop.cancel();
         loop {
             tokio::select! {

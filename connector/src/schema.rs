@@ -38,6 +38,46 @@ pub struct GraphType {
     pub properties: SchemaRef,
     /// The full table schema: `id` (primary key) + properties + provenance.
     pub table_schema: SchemaRef,
+    /// What sync validation and the fold check beyond the Arrow types.
+    pub constraints: Constraints,
+    /// Endpoint types and cardinality (edges only).
+    pub ends: Option<EdgeEnds>,
+}
+
+/// The `.pg` constraints of one type, as graphsink checks them.
+#[derive(Debug, Clone, Default)]
+pub struct Constraints {
+    /// `enum(...)` properties (scalar or list) and their allowed values.
+    pub enums: Vec<(String, Vec<String>)>,
+    /// `@range(p, min..max)`: both bounds inclusive, either may be open.
+    pub ranges: Vec<RangeCheck>,
+    /// `@check(p, "regex")`: the whole string must match.
+    pub checks: Vec<(String, String)>,
+    /// `@unique(...)` tuples (edges may name `src`, `dst`).
+    pub uniques: Vec<Vec<String>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RangeCheck {
+    pub property: String,
+    pub min: Option<Bound>,
+    pub max: Option<Bound>,
+}
+
+/// A `@range` bound as written: integers stay exact.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Bound {
+    Int(i64),
+    Float(f64),
+}
+
+/// An edge's endpoint node types and `@card(min..max)` per `src`.
+#[derive(Debug, Clone)]
+pub struct EdgeEnds {
+    pub from: String,
+    pub to: String,
+    pub card_min: u32,
+    pub card_max: Option<u32>,
 }
 
 /// The parsed schema: every type, in a stable order (nodes before edges,
@@ -83,6 +123,14 @@ impl GraphSchema {
         })?;
 
         let mut types = Vec::new();
+        // omnigraph-compiler 0.8.0 stores the one bound of `..max` as a
+        // minimum; the source text says which it was.
+        let max_only: std::collections::HashSet<String> =
+            regex::Regex::new(r"@range\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,\s*\.\.")
+                .expect("valid regex")
+                .captures_iter(text)
+                .map(|c| c[1].to_string())
+                .collect();
         let mut nodes: Vec<_> = catalog.node_types.values().collect();
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         for n in nodes {
@@ -112,12 +160,33 @@ impl GraphSchema {
                     });
                 }
             }
-            types.push(GraphType::new(
-                &n.name,
-                TypeKind::Node,
-                key,
-                &n.arrow_schema,
-            ));
+            let mut t = GraphType::new(&n.name, TypeKind::Node, key, &n.arrow_schema);
+            t.constraints = Constraints {
+                enums: enums(&n.properties),
+                ranges: n
+                    .range_constraints
+                    .iter()
+                    .map(|r| {
+                        let (min, max) = (r.min.as_ref().map(bound), r.max.as_ref().map(bound));
+                        let (min, max) = match (min, max) {
+                            (Some(b), None) if max_only.contains(&r.property) => (None, Some(b)),
+                            other => other,
+                        };
+                        RangeCheck {
+                            property: r.property.clone(),
+                            min,
+                            max,
+                        }
+                    })
+                    .collect(),
+                checks: n
+                    .check_constraints
+                    .iter()
+                    .map(|c| (c.property.clone(), c.pattern.clone()))
+                    .collect(),
+                uniques: n.unique_constraints.clone(),
+            };
+            types.push(t);
         }
         let mut edges: Vec<_> = catalog.edge_types.values().collect();
         edges.sort_by(|a, b| a.name.cmp(&b.name));
@@ -133,12 +202,19 @@ impl GraphSchema {
                 });
             }
             check_reserved(path, &e.name, e.properties.keys())?;
-            types.push(GraphType::new(
-                &e.name,
-                TypeKind::Edge,
-                vec![],
-                &e.arrow_schema,
-            ));
+            let mut t = GraphType::new(&e.name, TypeKind::Edge, vec![], &e.arrow_schema);
+            t.constraints = Constraints {
+                enums: enums(&e.properties),
+                uniques: e.unique_constraints.clone(),
+                ..Default::default()
+            };
+            t.ends = Some(EdgeEnds {
+                from: e.from_type.clone(),
+                to: e.to_type.clone(),
+                card_min: e.cardinality.min,
+                card_max: e.cardinality.max,
+            });
+            types.push(t);
         }
         Ok(GraphSchema {
             types,
@@ -189,7 +265,34 @@ impl GraphType {
             key,
             properties: Arc::new(Schema::new(props)),
             table_schema: Arc::new(Schema::new(fields)),
+            constraints: Constraints::default(),
+            ends: None,
         }
+    }
+
+    /// True for an edge type whose id is `(src, dst)`: `@unique(src, dst)`.
+    pub fn unique_endpoints(&self) -> bool {
+        self.constraints.uniques.iter().any(|u| {
+            u.len() == 2 && u.contains(&"src".to_string()) && u.contains(&"dst".to_string())
+        })
+    }
+}
+
+fn enums(
+    props: &HashMap<String, omnigraph_compiler::types::PropType>,
+) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<_> = props
+        .iter()
+        .filter_map(|(name, t)| t.enum_values.clone().map(|v| (name.clone(), v)))
+        .collect();
+    out.sort();
+    out
+}
+
+fn bound(v: &omnigraph_compiler::catalog::LiteralValue) -> Bound {
+    match v {
+        omnigraph_compiler::catalog::LiteralValue::Integer(i) => Bound::Int(*i),
+        omnigraph_compiler::catalog::LiteralValue::Float(f) => Bound::Float(*f),
     }
 }
 
@@ -322,6 +425,20 @@ mod tests {
         let e =
             GraphSchema::parse("node U { k: String @key  _src_offset: I64 }", "x.pg").unwrap_err();
         assert!(e.to_string().contains("reserved"), "{e}");
+    }
+
+    #[test]
+    fn open_range_ends_are_kept_apart() {
+        let s = GraphSchema::parse(
+            "node P { k: String @key  a: I32?  b: F64?  @range(a, 0..)  @range(b, ..1.5) }",
+            "x.pg",
+        )
+        .unwrap();
+        let r = &s.get("P").unwrap().constraints.ranges;
+        let a = r.iter().find(|r| r.property == "a").unwrap();
+        let b = r.iter().find(|r| r.property == "b").unwrap();
+        assert_eq!((a.min, a.max), (Some(Bound::Int(0)), None));
+        assert_eq!((b.min, b.max), (None, Some(Bound::Float(1.5))));
     }
 
     #[test]

@@ -73,7 +73,17 @@ fn start_tansu() -> Broker {
             Ok(())
         });
     }
-    let child = cmd.spawn().expect("start tansu");
+    // PDEATHSIG fires when the spawning *thread* exits, and test threads
+    // end with their test: spawn from a thread that lives as long as the
+    // process.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(cmd.spawn());
+        loop {
+            std::thread::park();
+        }
+    });
+    let child = rx.recv().expect("spawner thread").expect("start tansu");
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -126,6 +136,52 @@ pub fn rec(partition: i32, key: Option<&str>, value: Option<serde_json::Value>) 
         key: key.map(str::to_string),
         value: value.map(|v| v.to_string()),
     }
+}
+
+/// A record with raw bytes and headers (the hostile corpus).
+#[derive(Clone, Debug, Default)]
+pub struct RawRec {
+    pub partition: i32,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+pub async fn produce_raw(topic: &str, recs: &[RawRec]) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker())
+        .set("enable.idempotence", "true")
+        .set("message.max.bytes", "2000000")
+        .create()
+        .expect("producer");
+    for r in recs {
+        let mut h = OwnedHeaders::new();
+        for (k, v) in &r.headers {
+            h = h.insert(Header {
+                key: k,
+                value: Some(v),
+            });
+        }
+        let mut fr: FutureRecord<[u8], [u8]> =
+            FutureRecord::to(topic).partition(r.partition).headers(h);
+        if let Some(k) = &r.key {
+            fr = fr.key(k);
+        }
+        if let Some(v) = &r.value {
+            fr = fr.payload(v);
+        }
+        producer
+            .send(fr, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .expect("produce");
+    }
+}
+
+/// `_ingest_rejects` at the head commit, as plain Lance reads it.
+pub async fn rejects_at_head(tg: &TestGraph) -> Vec<serde_json::Value> {
+    tg.rows("_ingest_rejects").await.into_values().collect()
 }
 
 pub async fn produce(topic: &str, recs: &[Rec]) {
@@ -214,6 +270,8 @@ pub struct TestGraph {
     pub dir: tempfile::TempDir,
     pub group: String,
     pub topics: Vec<String>,
+    /// The dead-letter topic of every mapping (unique per test).
+    pub dlq: String,
 }
 
 pub const SCHEMA: &str = r#"
@@ -238,11 +296,21 @@ impl TestGraph {
             "[graph]\nroot = \"graph\"\nschema = \"graph.pg\"\n\n[kafka]\n\"bootstrap.servers\" = \"{}\"\n\"group.id\" = \"{group}\"\n\"session.timeout.ms\" = \"6000\"\n\n{extra}\n",
             broker()
         );
+        let dlq = unique("dlq");
         for (m, t) in mappings.iter().zip(&topics) {
-            cfg.push_str(&format!("[[mapping]]\ntopic = \"{t}\"\n{m}\n\n"));
+            cfg.push_str(&format!("[[mapping]]\ntopic = \"{t}\"\n{m}\n"));
+            if !m.contains("dead_letter_topic") {
+                cfg.push_str(&format!("dead_letter_topic = \"{dlq}\"\n"));
+            }
+            cfg.push('\n');
         }
         std::fs::write(dir.path().join("graphsink.toml"), cfg).unwrap();
-        TestGraph { dir, group, topics }
+        TestGraph {
+            dir,
+            group,
+            topics,
+            dlq,
+        }
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -316,6 +384,7 @@ pub async fn read_table(
         let rows: Vec<serde_json::Value> = serde_json::from_slice(&buf).unwrap_or_default();
         let ids = b
             .column_by_name("id")
+            .or_else(|| b.column_by_name("reject_id"))
             .unwrap()
             .as_any()
             .downcast_ref::<StringArray>()
@@ -344,4 +413,72 @@ pub fn strip_provenance(
             (k.clone(), v)
         })
         .collect()
+}
+
+/// One message read back from a topic (the dead-letter topic, mostly).
+#[derive(Debug, Clone)]
+pub struct Consumed {
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Consumed {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_ref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
+/// Every message of `topic` (all partitions, from the start) as an
+/// independent consumer sees it, once `want` arrived or `timeout` passed.
+pub fn read_topic(topic: &str, want: usize, timeout: Duration) -> Vec<Consumed> {
+    use rdkafka::message::{Headers, Message};
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker())
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("reader");
+    let deadline = Instant::now() + timeout;
+    let parts = loop {
+        if let Ok(md) = c.fetch_metadata(Some(topic), Duration::from_secs(5)) {
+            let n = md.topics().first().map_or(0, |t| t.partitions().len());
+            if n > 0 {
+                break n as i32;
+            }
+        }
+        if Instant::now() > deadline {
+            return vec![];
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..parts {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    c.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    while out.len() < want && Instant::now() < deadline {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
+            out.push(Consumed {
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers: m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    out
 }

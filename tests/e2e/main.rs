@@ -1,9 +1,11 @@
 //! End-to-end tests: a real Kafka-protocol broker on loopback, real Lance
 //! tables on disk, the real binary where a process must die.
 
+mod edges;
 mod harness;
 mod pipeline;
 mod recovery;
+mod rejects;
 
 /// Writes the tracing output of in-process runs to the test's stderr.
 pub fn init_logs() {

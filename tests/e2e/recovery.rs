@@ -164,6 +164,7 @@ fn child_of(parent: &GraphCommit, actor: &str) -> GraphCommit {
         folded: vec![],
         offsets: vec![],
         stats: BTreeMap::new(),
+        dead_letters_delivered: 0,
     }
 }
 
@@ -287,7 +288,7 @@ async fn an_undecodable_record_stops_the_connector_uncommitted() {
     crate::init_logs();
     let tg = TestGraph::new(
         &["node = \"Person\""],
-        "[offsets]\ncommit_interval = \"100ms\"",
+        "[offsets]\ncommit_interval = \"100ms\"\n[errors]\ntolerance = \"none\"",
     );
     let topic = &tg.topics[0];
     create_topic(topic, 1).await;

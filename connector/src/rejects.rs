@@ -1,0 +1,700 @@
+//! Rejects: every record graphsink does not ingest becomes one typed
+//! `Reject`, one row of `_ingest_rejects` and one dead-letter message. This
+//! module owns the reject's shape, its table layout and the dead-letter
+//! producer; it decides nothing about what is rejected.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{
+    ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
+    TimestampMillisecondArray,
+};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::schema::PK_METADATA;
+
+/// Table of rejects under the graph root.
+pub const REJECTS_TABLE: &str = "_ingest_rejects";
+/// Its primary key.
+pub const REJECT_ID: &str = "reject_id";
+
+const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6772_6170_6873_696e_6b00_0000_0000_0002);
+
+/// Where in the pipeline a record was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Bytes → JSON → Arrow: shape, types, keys, endpoints.
+    Decode,
+    /// Decoded rows against `.pg` constraints (enum, `@range`, `@check`).
+    Validate,
+    /// Against the graph at fold time: endpoints, `@card`, `@unique`, deletes.
+    Fold,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Decode => "decode",
+            Stage::Validate => "validate",
+            Stage::Fold => "fold",
+        }
+    }
+}
+
+/// Why a record was refused. The string forms are stable: users filter on
+/// them in `_ingest_rejects.code` and the `graphsink.code` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectCode {
+    /// The value is not UTF-8.
+    NotUtf8,
+    /// The value is not valid JSON.
+    MalformedJson,
+    /// The value is JSON but not exactly one object.
+    NotAnObject,
+    /// The value is larger than `errors.max_record_bytes`.
+    Oversized,
+    /// A field the type does not declare (`unknown_fields = "reject"`).
+    UnknownField,
+    /// A field of the wrong JSON type, or an unparsable date, time or vector.
+    WrongType,
+    /// A number outside its integer type.
+    Overflow,
+    /// A required (non-`?`) property is missing or null.
+    MissingRequired,
+    /// The key (or a key part) is missing or unusable.
+    MissingKey,
+    /// The key in the value disagrees with the Kafka key.
+    KeyMismatch,
+    /// An edge record lacks a usable `src` or `dst`.
+    MissingEndpoint,
+    /// A tombstone whose Kafka key names nothing to delete.
+    BadTombstone,
+    /// Not one of the `enum(...)` values.
+    Enum,
+    /// Outside `@range`, or NaN.
+    Range,
+    /// Does not match `@check`.
+    Check,
+    /// An edge endpoint is not a node of the declared type (fold).
+    EndpointNotFound,
+    /// More edges per `src` than `@card` allows, or a delete below its min.
+    Cardinality,
+    /// Another row already holds this `@unique` tuple.
+    Unique,
+    /// A node delete while committed edges still reference it.
+    Referenced,
+    /// More deferred edges than `max_pending_edges`.
+    PendingOverflow,
+}
+
+impl RejectCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectCode::NotUtf8 => "not_utf8",
+            RejectCode::MalformedJson => "malformed_json",
+            RejectCode::NotAnObject => "not_an_object",
+            RejectCode::Oversized => "oversized",
+            RejectCode::UnknownField => "unknown_field",
+            RejectCode::WrongType => "wrong_type",
+            RejectCode::Overflow => "overflow",
+            RejectCode::MissingRequired => "missing_required",
+            RejectCode::MissingKey => "missing_key",
+            RejectCode::KeyMismatch => "key_mismatch",
+            RejectCode::MissingEndpoint => "missing_endpoint",
+            RejectCode::BadTombstone => "bad_tombstone",
+            RejectCode::Enum => "enum",
+            RejectCode::Range => "range",
+            RejectCode::Check => "check",
+            RejectCode::EndpointNotFound => "endpoint_not_found",
+            RejectCode::Cardinality => "cardinality",
+            RejectCode::Unique => "unique",
+            RejectCode::Referenced => "referenced",
+            RejectCode::PendingOverflow => "pending_overflow",
+        }
+    }
+
+    pub fn stage(self) -> Stage {
+        use RejectCode::*;
+        match self {
+            Enum | Range | Check => Stage::Validate,
+            EndpointNotFound | Cardinality | Unique | Referenced | PendingOverflow => Stage::Fold,
+            _ => Stage::Decode,
+        }
+    }
+}
+
+/// One refused record, with everything needed to find, explain and replay it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reject {
+    pub reject_id: String,
+    pub stage: Stage,
+    pub code: RejectCode,
+    pub message: String,
+    /// The target graph type, when the mapping names one.
+    pub type_name: Option<String>,
+    pub topic: Option<String>,
+    pub partition: Option<i32>,
+    pub offset: Option<i64>,
+    pub timestamp: Option<i64>,
+    #[serde(default)]
+    pub key: Option<Vec<u8>>,
+    #[serde(default)]
+    pub value: Option<Vec<u8>>,
+    /// Original headers, in order.
+    #[serde(default)]
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// The decoded row as JSON, when there is one.
+    pub row: Option<String>,
+    /// The graph commit that recorded this reject in `_ingest_rejects`.
+    pub graph_commit: Option<String>,
+    pub rejected_at: i64,
+}
+
+/// The source coordinates and bytes of a record, owned.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: Option<i64>,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Reject {
+    /// A sync (decode or validate) reject of a consumed record. Its id is a
+    /// function of the record's coordinates, so a replay rejects it again
+    /// under the same id.
+    pub fn of_record(
+        origin: Origin,
+        type_name: &str,
+        code: RejectCode,
+        message: impl Into<String>,
+        row: Option<String>,
+    ) -> Reject {
+        let reject_id = reject_id(&format!(
+            "record:{}:{}:{}",
+            origin.topic, origin.partition, origin.offset
+        ));
+        Reject {
+            reject_id,
+            stage: code.stage(),
+            code,
+            message: message.into(),
+            type_name: Some(type_name.to_string()),
+            topic: Some(origin.topic),
+            partition: Some(origin.partition),
+            offset: Some(origin.offset),
+            timestamp: origin.timestamp,
+            key: origin.key,
+            value: origin.value,
+            headers: origin.headers,
+            row,
+            graph_commit: None,
+            rejected_at: crate::graph::now_ms(),
+        }
+    }
+
+    /// A fold reject. `what` identifies the refused row within the fold
+    /// (e.g. the table and row id); with the fold's commit id it makes the
+    /// reject id, so a rolled-forward fold rejects under the same ids.
+    #[allow(clippy::too_many_arguments)]
+    pub fn of_fold(
+        commit_id: &str,
+        what: &str,
+        type_name: &str,
+        code: RejectCode,
+        message: impl Into<String>,
+        row: Option<String>,
+        source: Option<(String, i32, i64, Option<i64>)>,
+        created_at: i64,
+    ) -> Reject {
+        let (topic, partition, offset, timestamp) = match source {
+            Some((t, p, o, ts)) => (Some(t), Some(p), Some(o), ts),
+            None => (None, None, None, None),
+        };
+        Reject {
+            reject_id: reject_id(&format!("fold:{commit_id}:{what}:{}", code.as_str())),
+            stage: Stage::Fold,
+            code,
+            message: message.into(),
+            type_name: Some(type_name.to_string()),
+            topic,
+            partition,
+            offset,
+            timestamp,
+            key: None,
+            value: None,
+            headers: vec![],
+            row,
+            graph_commit: Some(commit_id.to_string()),
+            rejected_at: created_at,
+        }
+    }
+}
+
+fn reject_id(s: &str) -> String {
+    uuid::Uuid::new_v5(&NAMESPACE, s.as_bytes()).to_string()
+}
+
+/// Columns of `_ingest_rejects` (README documents each).
+pub fn table_schema() -> SchemaRef {
+    let ts = DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
+    Arc::new(Schema::new(vec![
+        Field::new(REJECT_ID, DataType::Utf8, false)
+            .with_metadata([(PK_METADATA.to_string(), "true".to_string())].into()),
+        Field::new("stage", DataType::Utf8, false),
+        Field::new("code", DataType::Utf8, false),
+        Field::new("message", DataType::Utf8, false),
+        Field::new("type_name", DataType::Utf8, true),
+        Field::new("topic", DataType::Utf8, true),
+        Field::new("partition", DataType::Int32, true),
+        Field::new("offset", DataType::Int64, true),
+        Field::new("timestamp", ts.clone(), true),
+        Field::new("key", DataType::Binary, true),
+        Field::new("value", DataType::Binary, true),
+        // JSON: [[name, base64 value or null], ...], in the original order.
+        Field::new("headers", DataType::Utf8, true),
+        Field::new("row", DataType::Utf8, true),
+        Field::new("graph_commit", DataType::Utf8, true),
+        Field::new("rejected_at", ts, false),
+    ]))
+}
+
+/// Rejects as one batch of `_ingest_rejects` rows.
+pub fn to_batch(rejects: &[Reject]) -> RecordBatch {
+    let r = rejects;
+    let s = |f: &dyn Fn(&Reject) -> Option<&str>| -> ArrayRef {
+        Arc::new(r.iter().map(f).collect::<StringArray>())
+    };
+    let b = |f: &dyn Fn(&Reject) -> Option<&[u8]>| -> ArrayRef {
+        Arc::new(r.iter().map(f).collect::<BinaryArray>())
+    };
+    let headers: Vec<Option<String>> = r
+        .iter()
+        .map(|x| (!x.headers.is_empty()).then(|| encode_headers(&x.headers)))
+        .collect();
+    let cols: Vec<ArrayRef> = vec![
+        s(&|x| Some(&x.reject_id)),
+        s(&|x| Some(x.stage.as_str())),
+        s(&|x| Some(x.code.as_str())),
+        s(&|x| Some(&x.message)),
+        s(&|x| x.type_name.as_deref()),
+        s(&|x| x.topic.as_deref()),
+        Arc::new(r.iter().map(|x| x.partition).collect::<Int32Array>()),
+        Arc::new(r.iter().map(|x| x.offset).collect::<Int64Array>()),
+        Arc::new(
+            r.iter()
+                .map(|x| x.timestamp)
+                .collect::<TimestampMillisecondArray>()
+                .with_timezone("UTC"),
+        ),
+        b(&|x| x.key.as_deref()),
+        b(&|x| x.value.as_deref()),
+        Arc::new(headers.into_iter().collect::<StringArray>()),
+        s(&|x| x.row.as_deref()),
+        s(&|x| x.graph_commit.as_deref()),
+        Arc::new(
+            r.iter()
+                .map(|x| Some(x.rejected_at))
+                .collect::<TimestampMillisecondArray>()
+                .with_timezone("UTC"),
+        ),
+    ];
+    RecordBatch::try_new(table_schema(), cols).expect("reject columns match")
+}
+
+/// Rows of `_ingest_rejects` back into rejects (CLI, re-delivery).
+pub fn from_batch(batch: &RecordBatch) -> Result<Vec<Reject>> {
+    use arrow::array::Array;
+    let col = |n: &str| {
+        batch
+            .column_by_name(n)
+            .ok_or_else(|| Error::Corrupt(format!("{REJECTS_TABLE} lacks column {n}")))
+    };
+    macro_rules! typed {
+        ($n:expr, $t:ty) => {
+            col($n)?.as_any().downcast_ref::<$t>().ok_or_else(|| {
+                Error::Corrupt(format!("{REJECTS_TABLE}.{} has an unexpected type", $n))
+            })?
+        };
+    }
+    let id = typed!(REJECT_ID, StringArray);
+    let stage = typed!("stage", StringArray);
+    let code = typed!("code", StringArray);
+    let message = typed!("message", StringArray);
+    let ty = typed!("type_name", StringArray);
+    let topic = typed!("topic", StringArray);
+    let part = typed!("partition", Int32Array);
+    let off = typed!("offset", Int64Array);
+    let ts = typed!("timestamp", TimestampMillisecondArray);
+    let key = typed!("key", BinaryArray);
+    let value = typed!("value", BinaryArray);
+    let headers = typed!("headers", StringArray);
+    let row = typed!("row", StringArray);
+    let commit = typed!("graph_commit", StringArray);
+    let at = typed!("rejected_at", TimestampMillisecondArray);
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        let os = |a: &StringArray| a.is_valid(i).then(|| a.value(i).to_string());
+        let ob = |a: &BinaryArray| a.is_valid(i).then(|| a.value(i).to_vec());
+        out.push(Reject {
+            reject_id: id.value(i).to_string(),
+            stage: parse_name("stage", stage.value(i))?,
+            code: parse_name("code", code.value(i))?,
+            message: message.value(i).to_string(),
+            type_name: os(ty),
+            topic: os(topic),
+            partition: part.is_valid(i).then(|| part.value(i)),
+            offset: off.is_valid(i).then(|| off.value(i)),
+            timestamp: ts.is_valid(i).then(|| ts.value(i)),
+            key: ob(key),
+            value: ob(value),
+            headers: os(headers)
+                .map(|h| decode_headers(&h))
+                .transpose()?
+                .unwrap_or_default(),
+            row: os(row),
+            graph_commit: os(commit),
+            rejected_at: at.value(i),
+        });
+    }
+    Ok(out)
+}
+
+fn parse_name<T: serde::de::DeserializeOwned>(what: &str, v: &str) -> Result<T> {
+    serde_json::from_value(serde_json::Value::String(v.into()))
+        .map_err(|e| Error::Corrupt(format!("{REJECTS_TABLE}: {what} {v:?}: {e}")))
+}
+
+fn encode_headers(h: &[(String, Option<Vec<u8>>)]) -> String {
+    use base64::Engine;
+    let v: Vec<(String, Option<String>)> = h
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                v.as_ref()
+                    .map(|b| base64::engine::general_purpose::STANDARD.encode(b)),
+            )
+        })
+        .collect();
+    serde_json::to_string(&v).expect("serializable")
+}
+
+fn decode_headers(s: &str) -> Result<Vec<(String, Option<Vec<u8>>)>> {
+    use base64::Engine;
+    let v: Vec<(String, Option<String>)> = serde_json::from_str(s)
+        .map_err(|e| Error::Corrupt(format!("{REJECTS_TABLE}.headers: {e}")))?;
+    v.into_iter()
+        .map(|(k, b)| {
+            let bytes = b
+                .map(|b| base64::engine::general_purpose::STANDARD.decode(b))
+                .transpose()
+                .map_err(|e| Error::Corrupt(format!("{REJECTS_TABLE}.headers: {e}")))?;
+            Ok((k, bytes))
+        })
+        .collect()
+}
+
+/// Header names of a dead-letter message (README lists them).
+pub mod headers {
+    pub const TOPIC: &str = "__connect.errors.topic";
+    pub const PARTITION: &str = "__connect.errors.partition";
+    pub const OFFSET: &str = "__connect.errors.offset";
+    pub const CONNECTOR: &str = "__connect.errors.connector.name";
+    pub const TASK: &str = "__connect.errors.task.id";
+    pub const STAGE: &str = "__connect.errors.stage";
+    pub const CLASS: &str = "__connect.errors.class.name";
+    pub const EXCEPTION_CLASS: &str = "__connect.errors.exception.class.name";
+    pub const EXCEPTION_MESSAGE: &str = "__connect.errors.exception.message";
+    pub const GS_STAGE: &str = "graphsink.stage";
+    pub const GS_CODE: &str = "graphsink.code";
+    pub const GS_TYPE: &str = "graphsink.type";
+    pub const GS_REJECT_ID: &str = "graphsink.reject_id";
+    pub const GS_COMMIT: &str = "graphsink.graph_commit";
+    /// Headers graphsink adds; `replay-rejects` strips them.
+    pub fn is_ours(name: &str) -> bool {
+        name.starts_with("__connect.errors.") || name.starts_with("graphsink.")
+    }
+}
+
+/// Produces rejects to the dead-letter topic and waits for the broker's
+/// acknowledgement, retrying with backoff while the topic is unavailable:
+/// a reject is never dropped, and its offset waits until it is delivered.
+#[derive(Clone)]
+pub struct DeadLetters {
+    producer: FutureProducer,
+    /// Dead-letter topic by source topic, and by graph type (fold rejects
+    /// without source coordinates).
+    by_topic: HashMap<String, String>,
+    by_type: HashMap<String, String>,
+    default_topic: String,
+    connector: String,
+}
+
+/// librdkafka properties that only a consumer understands.
+const CONSUMER_ONLY: &[&str] = &[
+    "group.id",
+    "group.instance.id",
+    "auto.offset.reset",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.commit.interval.ms",
+    "partition.assignment.strategy",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "isolation.level",
+    "enable.partition.eof",
+    "check.crcs",
+];
+
+impl DeadLetters {
+    /// The producer (connection settings from `[kafka]`, then
+    /// `errors.producer`), idempotent with `acks=all`; creates the
+    /// dead-letter topics that do not exist yet.
+    pub async fn connect(config: &Config) -> Result<DeadLetters> {
+        let mut cc = ClientConfig::new();
+        for (k, v) in &config.kafka {
+            let consumer_only = CONSUMER_ONLY.contains(&k.as_str())
+                || k.starts_with("fetch.")
+                || k.starts_with("queued.");
+            if !consumer_only {
+                cc.set(k, v);
+            }
+        }
+        cc.set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", "10000");
+        for (k, v) in &config.errors.producer {
+            cc.set(k, v);
+        }
+        let producer: FutureProducer = cc.create()?;
+        let mut by_topic = HashMap::new();
+        let mut by_type = HashMap::new();
+        for m in &config.mappings {
+            let dlq = config.dead_letter_topic(&m.topic).to_string();
+            by_topic.insert(m.topic.clone(), dlq.clone());
+            by_type.entry(m.type_name().to_string()).or_insert(dlq);
+        }
+        let dl = DeadLetters {
+            producer,
+            by_topic,
+            by_type,
+            default_topic: config.errors.dead_letter_topic.clone(),
+            connector: config.graph.actor.clone(),
+        };
+        dl.create_topics(&cc).await;
+        Ok(dl)
+    }
+
+    /// Best effort: a broker that auto-creates topics, or an operator who
+    /// created them, needs none of this; a failure shows at produce time.
+    async fn create_topics(&self, cc: &ClientConfig) {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = match cc.create() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot create an admin client for dead-letter topics");
+                return;
+            }
+        };
+        let mut names: Vec<&String> = self.by_topic.values().collect();
+        names.push(&self.default_topic);
+        names.sort();
+        names.dedup();
+        let topics: Vec<NewTopic> = names
+            .iter()
+            .map(|n| NewTopic::new(n, 1, TopicReplication::Fixed(1)))
+            .collect();
+        let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+        match admin.create_topics(&topics, &opts).await {
+            Ok(results) => {
+                for r in results {
+                    match r {
+                        Ok(t) => tracing::info!(topic = %t, "created dead-letter topic"),
+                        Err((t, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {
+                            tracing::debug!(topic = %t, "dead-letter topic exists")
+                        }
+                        Err((t, e)) => {
+                            tracing::warn!(topic = %t, error = %e, "cannot create dead-letter topic")
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot create dead-letter topics"),
+        }
+    }
+
+    /// The dead-letter topic of a reject.
+    pub fn topic_for(&self, r: &Reject) -> &str {
+        r.topic
+            .as_ref()
+            .and_then(|t| self.by_topic.get(t))
+            .or_else(|| r.type_name.as_ref().and_then(|t| self.by_type.get(t)))
+            .unwrap_or(&self.default_topic)
+    }
+
+    /// Delivers every reject, in order; returns only when all are
+    /// acknowledged, or with an error once `stop` is cancelled.
+    pub async fn deliver(&self, rejects: &[Reject], stop: &CancellationToken) -> Result<()> {
+        for r in rejects {
+            let mut delay = Duration::from_millis(100);
+            let mut first = true;
+            loop {
+                // The first attempt runs to its end (bounded by
+                // message.timeout.ms), so a graceful stop still delivers to a
+                // healthy topic; retries give way to `stop`.
+                let sent = if std::mem::take(&mut first) {
+                    self.send(r).await
+                } else {
+                    tokio::select! {
+                        sent = self.send(r) => sent,
+                        _ = stop.cancelled() => Err("stopped while producing".to_string()),
+                    }
+                };
+                match sent {
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::warn!(
+                            topic = %self.topic_for(r), reject_id = %r.reject_id, error = %e,
+                            "dead-letter produce failed; retrying (offsets wait)"
+                        );
+                        if stop.is_cancelled() {
+                            return Err(Error::DeadLetter {
+                                topic: self.topic_for(r).to_string(),
+                                reason: format!(
+                                    "stopped before delivering reject {}: {e}",
+                                    r.reject_id
+                                ),
+                            });
+                        }
+                        tokio::select! {
+                            _ = stop.cancelled() => {}
+                            _ = tokio::time::sleep(delay) => {}
+                        }
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn send(&self, r: &Reject) -> std::result::Result<(), String> {
+        let mut h = OwnedHeaders::new_with_capacity(r.headers.len() + 14);
+        for (k, v) in &r.headers {
+            h = h.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        let partition = r.partition.map(|p| p.to_string());
+        let offset = r.offset.map(|o| o.to_string());
+        let add = |h: OwnedHeaders, k: &str, v: Option<&str>| match v {
+            Some(v) => h.insert(Header {
+                key: k,
+                value: Some(v),
+            }),
+            None => h,
+        };
+        use headers::*;
+        h = add(h, TOPIC, r.topic.as_deref());
+        h = add(h, PARTITION, partition.as_deref());
+        h = add(h, OFFSET, offset.as_deref());
+        h = add(h, CONNECTOR, Some(&self.connector));
+        h = add(h, TASK, Some("0"));
+        h = add(h, STAGE, Some(r.stage.as_str()));
+        h = add(h, CLASS, Some("graphsink"));
+        h = add(h, EXCEPTION_CLASS, Some(r.code.as_str()));
+        h = add(h, EXCEPTION_MESSAGE, Some(&r.message));
+        h = add(h, GS_STAGE, Some(r.stage.as_str()));
+        h = add(h, GS_CODE, Some(r.code.as_str()));
+        h = add(h, GS_TYPE, r.type_name.as_deref());
+        h = add(h, GS_REJECT_ID, Some(&r.reject_id));
+        h = add(h, GS_COMMIT, r.graph_commit.as_deref());
+        // Fold rejects have no original bytes: the row stands in for them.
+        let value: Option<&[u8]> = r.value.as_deref().or(r.row.as_deref().map(str::as_bytes));
+        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(self.topic_for(r)).headers(h);
+        if let Some(k) = r.key.as_deref() {
+            rec = rec.key(k);
+        }
+        if let Some(v) = value {
+            rec = rec.payload(v);
+        }
+        if let Some(ts) = r.timestamp {
+            rec = rec.timestamp(ts);
+        }
+        self.producer
+            .send(rec, Duration::from_secs(0))
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| e.to_string())
+    }
+}
+
+/// Copies a message's headers, for a reject.
+pub fn owned_headers<H: Headers>(h: Option<&H>) -> Vec<(String, Option<Vec<u8>>)> {
+    let Some(h) = h else { return vec![] };
+    h.iter()
+        .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_round_trip_through_their_table_layout() {
+        let r = Reject::of_record(
+            Origin {
+                topic: "t".into(),
+                partition: 2,
+                offset: 7,
+                timestamp: Some(5),
+                key: Some(b"k".to_vec()),
+                value: Some(vec![0xff, 0xfe]),
+                headers: vec![("h".into(), Some(vec![0, 1])), ("n".into(), None)],
+            },
+            "Person",
+            RejectCode::NotUtf8,
+            "value is not UTF-8",
+            None,
+        );
+        let back = from_batch(&to_batch(std::slice::from_ref(&r))).unwrap();
+        assert_eq!(back, vec![r.clone()]);
+        // Same coordinates, same id: replays reject under the same id.
+        let again = Reject::of_record(
+            Origin {
+                topic: "t".into(),
+                partition: 2,
+                offset: 7,
+                ..Default::default()
+            },
+            "Person",
+            RejectCode::MalformedJson,
+            "x",
+            None,
+        );
+        assert_eq!(again.reject_id, r.reject_id);
+        assert_eq!(RejectCode::Range.stage(), Stage::Validate);
+        assert_eq!(
+            serde_json::to_value(RejectCode::EndpointNotFound).unwrap(),
+            "endpoint_not_found"
+        );
+    }
+}

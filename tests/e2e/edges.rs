@@ -1,0 +1,335 @@
+//! Edges and fold-time validation: endpoints (defer, deadline, reject),
+//! edge ids by rule, tombstones, `@card`, `@unique`, and node deletes under
+//! the `reject` and `cascade` policies. Never a placeholder node.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::*;
+
+async fn run_to_end(tg: &TestGraph) -> graphsink::Result<graphsink::RunSummary> {
+    let options = graphsink::RunOptions {
+        exit_at_end: true,
+        ..Default::default()
+    };
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        graphsink::run_with(tg.config(), options, CancellationToken::new()),
+    )
+    .await
+    .expect("run reached the end in time")
+}
+
+fn keys(rows: &BTreeMap<String, Value>) -> Vec<String> {
+    rows.keys().cloned().collect()
+}
+
+async fn rows_if_any(tg: &TestGraph, table: &str) -> BTreeMap<String, Value> {
+    // The connector may not have created the graph yet.
+    let Ok(g) = graphsink::graph::Graph::open_readonly(tg.root()).await else {
+        return BTreeMap::new();
+    };
+    let head = g.head().await.unwrap();
+    match head.tables.get(table) {
+        Some(&v) => read_table(&g, table, v).await,
+        None => BTreeMap::new(),
+    }
+}
+
+/// Polls the head until `f` holds (the connector folds in the background).
+async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !f().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+const SCHEMA: &str = r#"
+node Person { name: String @key }
+node Slot { tenant: String  slot: U32  @key(tenant, slot) }
+edge Knows: Person -> Person { since: I32? }
+edge Likes: Person -> Person
+edge In: Person -> Slot { @unique(src, dst) }
+"#;
+
+/// An edge whose endpoint arrives in a later fold lands under `defer`; one
+/// whose endpoint never arrives is rejected at the deadline; `reject`
+/// refuses at once; ids follow the mapping; a tombstone deletes by id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edges_wait_for_their_endpoints_until_the_deadline() {
+    crate::init_logs();
+    let tg = TestGraph::with_schema(
+        SCHEMA,
+        &[
+            "node = \"Person\"",
+            "edge = \"Knows\"\nsrc = \"from\"\ndst = \"to\"\nendpoint_deadline = \"4s\"",
+            "edge = \"Likes\"\non_missing_endpoint = \"reject\"",
+            "node = \"Slot\"",
+            "edge = \"In\"",
+        ],
+        "[fold]\ninterval = \"300ms\"",
+    );
+    let t = &tg.topics;
+    for topic in t {
+        create_topic(topic, 1).await;
+    }
+    let (people, knows, likes, slots, ins) = (&t[0], &t[1], &t[2], &t[3], &t[4]);
+    produce(
+        people,
+        &[
+            rec(0, None, Some(json!({"name": "a"}))),
+            rec(0, None, Some(json!({"name": "b"}))),
+        ],
+    )
+    .await;
+    produce(
+        knows,
+        &[
+            rec(0, None, Some(json!({"from": "a", "to": "b", "since": 1}))),
+            rec(0, None, Some(json!({"from": "a", "to": "c"}))),
+            rec(0, None, Some(json!({"from": "a", "to": "zz"}))),
+        ],
+    )
+    .await;
+    produce(
+        likes,
+        &[
+            rec(0, None, Some(json!({"src": "a", "dst": "nobody"}))),
+            rec(0, None, Some(json!({"src": "a", "dst": "b"}))),
+        ],
+    )
+    .await;
+    produce(
+        slots,
+        &[rec(0, None, Some(json!({"tenant": "acme", "slot": 7})))],
+    )
+    .await;
+    produce(
+        ins,
+        &[rec(0, None, Some(json!({"src": "a", "dst": ["acme", 7]})))],
+    )
+    .await;
+
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(graphsink::run_with(
+        tg.config(),
+        graphsink::RunOptions::default(),
+        stop.clone(),
+    ));
+    let k = |o: i64| format!("{knows}/0/{o}");
+    eventually("a->b lands, a->c and a->zz wait", || async {
+        rows_if_any(&tg, "edges/Knows").await.contains_key(&k(0))
+            && rows_if_any(&tg, "_pending/Knows").await.len() == 2
+    })
+    .await;
+    let knows_rows = tg.rows("edges/Knows").await;
+    assert_eq!(keys(&knows_rows), [k(0)]);
+    assert_eq!(knows_rows[&k(0)]["src"], json!("a"));
+    assert_eq!(knows_rows[&k(0)]["dst"], json!("b"));
+    assert_eq!(knows_rows[&k(0)]["since"], json!(1));
+    // `reject`: refused at the first fold, in the same commit as the rest.
+    let likes_rows = tg.rows("edges/Likes").await;
+    assert_eq!(keys(&likes_rows), [format!("{likes}/0/1")]);
+    let rejects = rejects_at_head(&tg).await;
+    assert_eq!(rejects.len(), 1, "{rejects:?}");
+    assert_eq!(rejects[0]["code"], json!("endpoint_not_found"));
+    assert_eq!(rejects[0]["stage"], json!("fold"));
+    assert_eq!(rejects[0]["offset"], json!(0));
+    assert_eq!(rejects[0]["topic"], json!(likes));
+    // @unique(src, dst): the id is the endpoints; a composite dst is its array.
+    let in_rows = tg.rows("edges/In").await;
+    let id = serde_json::to_string(&["a", r#"["acme","7"]"#]).unwrap();
+    assert_eq!(keys(&in_rows), std::slice::from_ref(&id));
+    assert_eq!(in_rows[&id]["dst"], json!(r#"["acme","7"]"#));
+
+    // The endpoint arrives in a later fold: the pending edge lands.
+    produce(people, &[rec(0, None, Some(json!({"name": "c"})))]).await;
+    eventually("a->c lands", || async {
+        rows_if_any(&tg, "edges/Knows").await.contains_key(&k(1))
+    })
+    .await;
+    assert_eq!(keys(&tg.rows("_pending/Knows").await), [k(2)]);
+
+    // The one that never arrives is rejected at the deadline.
+    eventually("a->zz rejected", || async {
+        rows_if_any(&tg, "_ingest_rejects").await.len() == 2
+    })
+    .await;
+    let late = rejects_at_head(&tg)
+        .await
+        .into_iter()
+        .find(|r| r["topic"] == json!(knows))
+        .unwrap();
+    assert_eq!(late["code"], json!("endpoint_not_found"));
+    assert_eq!(late["offset"], json!(2));
+    assert!(
+        late["message"].as_str().unwrap().contains("deadline"),
+        "{late}"
+    );
+    assert!(late["row"].as_str().unwrap().contains("zz"), "{late}");
+    assert!(tg.rows("_pending/Knows").await.is_empty());
+    // Never a placeholder node.
+    assert_eq!(keys(&tg.rows("nodes/Person").await), ["a", "b", "c"]);
+
+    // A tombstone keyed by the edge id deletes the edge.
+    produce(knows, &[rec(0, Some(&k(0)), None)]).await;
+    eventually("a->b deleted", || async {
+        !rows_if_any(&tg, "edges/Knows").await.contains_key(&k(0))
+    })
+    .await;
+    assert_eq!(keys(&tg.rows("edges/Knows").await), [k(1)]);
+
+    // Both fold rejects reached the dead-letter topic, with their commit.
+    let dlq = read_topic(&tg.dlq, 3, Duration::from_secs(10));
+    assert_eq!(dlq.len(), 2);
+    for m in &dlq {
+        assert_eq!(m.header("graphsink.stage").as_deref(), Some("fold"));
+        assert_eq!(
+            m.header("graphsink.code").as_deref(),
+            Some("endpoint_not_found")
+        );
+        assert!(m.header("graphsink.graph_commit").is_some());
+        assert!(m.header("graphsink.reject_id").is_some());
+    }
+    stop.cancel();
+    task.await.unwrap().expect("clean stop");
+}
+
+/// `@card` (at most one manager per person) and `@unique` (email) hold
+/// across committed rows; the violating rows are fold rejects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn card_and_unique_are_checked_against_committed_rows() {
+    crate::init_logs();
+    let tg = TestGraph::with_schema(
+        "node Person { name: String @key  email: String? @unique }\nedge Manager: Person -> Person @card(0..1)",
+        &["node = \"Person\"", "edge = \"Manager\"\nkey = \"kafka\""],
+        "",
+    );
+    let (people, managers) = (&tg.topics[0], &tg.topics[1]);
+    create_topic(people, 1).await;
+    create_topic(managers, 1).await;
+    let p = |n: &str, e: &str| rec(0, None, Some(json!({"name": n, "email": e})));
+    produce(people, &[p("a", "a@x"), p("b", "b@x"), p("c", "c@x")]).await;
+    produce(
+        managers,
+        &[rec(0, Some("m1"), Some(json!({"src": "a", "dst": "b"})))],
+    )
+    .await;
+    run_to_end(&tg).await.expect("first run");
+    assert_eq!(keys(&tg.rows("edges/Manager").await), ["m1"]);
+
+    // d takes a's email; a keeps its own (an update is no conflict); a gets
+    // a second manager; m1 is re-sent unchanged (an update, not a second).
+    produce(people, &[p("d", "a@x"), p("a", "a@x")]).await;
+    produce(
+        managers,
+        &[
+            rec(0, Some("m2"), Some(json!({"src": "a", "dst": "c"}))),
+            rec(0, Some("m1"), Some(json!({"src": "a", "dst": "b"}))),
+        ],
+    )
+    .await;
+    run_to_end(&tg).await.expect("second run");
+    assert_eq!(keys(&tg.rows("nodes/Person").await), ["a", "b", "c"]);
+    assert_eq!(keys(&tg.rows("edges/Manager").await), ["m1"]);
+    let rejects = rejects_at_head(&tg).await;
+    let codes: BTreeMap<String, String> = rejects
+        .iter()
+        .map(|r| {
+            (
+                r["row"].as_str().unwrap().to_string(),
+                r["code"].as_str().unwrap().to_string(),
+            )
+        })
+        .map(|(row, code)| {
+            let v: Value = serde_json::from_str(&row).unwrap();
+            (v["id"].as_str().unwrap().to_string(), code)
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        BTreeMap::from([
+            ("d".to_string(), "unique".to_string()),
+            ("m2".to_string(), "cardinality".to_string())
+        ]),
+        "{rejects:#?}"
+    );
+    let head = tg.graph().await.head().await.unwrap();
+    assert_eq!(head.stats["nodes/Person"].rejected, 1);
+    assert_eq!(head.stats["edges/Manager"].rejected, 1);
+}
+
+/// Deleting a node that committed edges reference: `reject` refuses the
+/// delete; `cascade` deletes the edges in the same graph commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_deletes_with_references_reject_or_cascade() {
+    crate::init_logs();
+    for policy in ["reject", "cascade"] {
+        let tg = TestGraph::with_schema(
+            "node Person { name: String @key }\nedge Knows: Person -> Person",
+            &[
+                &format!("node = \"Person\"\non_delete_referenced = \"{policy}\""),
+                "edge = \"Knows\"\nkey = \"kafka\"",
+            ],
+            "",
+        );
+        let (people, knows) = (&tg.topics[0], &tg.topics[1]);
+        create_topic(people, 1).await;
+        create_topic(knows, 1).await;
+        produce(
+            people,
+            &[
+                rec(0, None, Some(json!({"name": "a"}))),
+                rec(0, None, Some(json!({"name": "b"}))),
+                rec(0, None, Some(json!({"name": "lonely"}))),
+            ],
+        )
+        .await;
+        produce(
+            knows,
+            &[rec(0, Some("e1"), Some(json!({"src": "a", "dst": "b"})))],
+        )
+        .await;
+        run_to_end(&tg).await.expect("first run");
+        // b is referenced (as dst); lonely is not.
+        produce(
+            people,
+            &[rec(0, Some("b"), None), rec(0, Some("lonely"), None)],
+        )
+        .await;
+        run_to_end(&tg).await.expect("second run");
+        let people_now = keys(&tg.rows("nodes/Person").await);
+        let edges_now = keys(&tg.rows("edges/Knows").await);
+        let rejects = rejects_at_head(&tg).await;
+        let head = tg.graph().await.head().await.unwrap();
+        match policy {
+            "reject" => {
+                assert_eq!(people_now, ["a", "b"], "{policy}");
+                assert_eq!(edges_now, ["e1"], "{policy}");
+                assert_eq!(rejects.len(), 1, "{rejects:?}");
+                assert_eq!(rejects[0]["code"], json!("referenced"));
+                assert!(rejects[0]["message"].as_str().unwrap().contains("e1"));
+                assert_eq!(head.stats["nodes/Person"].deleted, 1);
+            }
+            _ => {
+                assert_eq!(people_now, ["a"], "{policy}");
+                assert!(edges_now.is_empty(), "{policy}: {edges_now:?}");
+                assert!(rejects.is_empty(), "{rejects:?}");
+                // One graph commit did both.
+                assert_eq!(head.stats["nodes/Person"].deleted, 2);
+                assert_eq!(head.stats["edges/Knows"].deleted, 1);
+            }
+        }
+    }
+}

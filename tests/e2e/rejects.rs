@@ -1,0 +1,391 @@
+//! Rejects: every bad record lands once in `_ingest_rejects` and once on the
+//! dead-letter topic, read back by independent clients (plain Lance, a
+//! plain Kafka consumer); the good records around it land; offsets commit.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::*;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+async fn run_to_end(tg: &TestGraph) -> graphsink::Result<graphsink::RunSummary> {
+    let options = graphsink::RunOptions {
+        exit_at_end: true,
+        ..Default::default()
+    };
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        graphsink::run_with(tg.config(), options, CancellationToken::new()),
+    )
+    .await
+    .expect("run reached the end in time")
+}
+
+const CORPUS_SCHEMA: &str = r#"
+node Person {
+    name: String @key  age: I32?  n: U32?  color: enum(red, green)?  code: String?
+    @range(age, 0..150)  @check(code, "^[A-Z]{3}$")
+}
+node Company { ticker: String @key  name: String }
+node Tag { label: String @key }
+"#;
+
+/// The hostile corpus: each bad record gives exactly one reject with its
+/// code, in both sinks, with the original bytes and headers; the good ones
+/// land; every offset is committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_corpus_is_rejected_record_by_record_in_both_sinks() {
+    crate::init_logs();
+    let tg = TestGraph::with_schema(
+        CORPUS_SCHEMA,
+        &[
+            "node = \"Person\"",
+            "node = \"Company\"",
+            "node = \"Tag\"\nkey = \"kafka\"",
+        ],
+        "[errors]\nmax_record_bytes = 4096",
+    );
+    let (people, companies, tags) = (&tg.topics[0], &tg.topics[1], &tg.topics[2]);
+    for t in [people, companies, tags] {
+        create_topic(t, 1).await;
+    }
+    let v = |s: &str| Some(s.as_bytes().to_vec());
+    let big = format!(r#"{{"name":"g","code":"{}"}}"#, "A".repeat(5000));
+    // (value, expected code) in offset order on partition 0.
+    let person_corpus: Vec<(Option<Vec<u8>>, Option<&str>)> = vec![
+        (v(r#"{"name":"a","age":30}"#), None),
+        (v(r#"{"name":"#), Some("malformed_json")),
+        (v(r#"{"name":"b","age":"old"}"#), Some("wrong_type")),
+        (v(r#"{"name":"c","age":3000000000}"#), Some("overflow")),
+        (v(r#"{"name":"d","color":"blue"}"#), Some("enum")),
+        (v(r#"{"name":"e","age":151}"#), Some("range")),
+        (v(r#"{"name":"f","code":"abc"}"#), Some("check")),
+        (v(&big), Some("oversized")),
+        (Some(b"{\"name\":\"\xff\"}".to_vec()), Some("not_utf8")),
+        (v(r#"{"name":"h","extra":1}"#), Some("unknown_field")),
+        (
+            v(r#"{"name":"i","age":150,"code":"ABC","color":"red"}"#),
+            None,
+        ),
+    ];
+    let recs: Vec<RawRec> = person_corpus
+        .iter()
+        .enumerate()
+        .map(|(i, (value, _))| RawRec {
+            partition: 0,
+            key: Some(format!("k{i}").into_bytes()),
+            value: value.clone(),
+            headers: vec![("trace".into(), format!("t-{i}").into_bytes())],
+        })
+        .collect();
+    produce_raw(people, &recs).await;
+    produce_raw(
+        companies,
+        &[
+            RawRec {
+                value: v(r#"{"ticker":"X"}"#),
+                ..Default::default()
+            },
+            RawRec {
+                value: v(r#"{"ticker":"Y","name":"Yco"}"#),
+                ..Default::default()
+            },
+        ],
+    )
+    .await;
+    produce_raw(
+        tags,
+        &[
+            RawRec {
+                key: None,
+                value: v("{}"),
+                ..Default::default()
+            },
+            RawRec {
+                key: v("t1"),
+                value: v("{}"),
+                ..Default::default()
+            },
+        ],
+    )
+    .await;
+
+    run_to_end(&tg)
+        .await
+        .expect("rejects do not stop the connector");
+
+    // The good records landed.
+    let ids = |rows: BTreeMap<String, Value>| rows.into_keys().collect::<Vec<_>>();
+    assert_eq!(ids(tg.rows("nodes/Person").await), ["a", "i"]);
+    assert_eq!(ids(tg.rows("nodes/Company").await), ["Y"]);
+    assert_eq!(ids(tg.rows("nodes/Tag").await), ["t1"]);
+    // Every offset is committed: rejects are durable in both sinks.
+    for (t, n) in [(people, 11), (companies, 2), (tags, 2)] {
+        assert_eq!(committed(&tg.group, t, 1).get(&0), Some(&n), "{t}");
+    }
+
+    // The table: one row per bad record, typed, with the original bytes.
+    let mut want: BTreeMap<(String, i64), &str> = BTreeMap::new();
+    for (i, (_, code)) in person_corpus.iter().enumerate() {
+        if let Some(c) = code {
+            want.insert((people.clone(), i as i64), c);
+        }
+    }
+    want.insert((companies.clone(), 0), "missing_required");
+    want.insert((tags.clone(), 0), "missing_key");
+    let rows = rejects_at_head(&tg).await;
+    let got: BTreeMap<(String, i64), &str> = rows
+        .iter()
+        .map(|r| {
+            (
+                (
+                    r["topic"].as_str().unwrap().to_string(),
+                    r["offset"].as_i64().unwrap(),
+                ),
+                r["code"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want, "{rows:#?}");
+    assert_eq!(rows.len(), want.len());
+    let head = tg.graph().await.head().await.unwrap();
+    for r in &rows {
+        let code = r["code"].as_str().unwrap();
+        let stage = if ["enum", "range", "check"].contains(&code) {
+            "validate"
+        } else {
+            "decode"
+        };
+        assert_eq!(r["stage"], json!(stage), "{r}");
+        assert!(r["graph_commit"].is_string(), "{r}");
+        assert!(!r["message"].as_str().unwrap().is_empty());
+        if r["topic"] == json!(people) {
+            let i = r["offset"].as_u64().unwrap() as usize;
+            let original = person_corpus[i].0.as_deref().unwrap();
+            assert_eq!(r["value"], json!(hex(original)), "{code}");
+            assert_eq!(r["key"], json!(hex(format!("k{i}").as_bytes())));
+            assert!(r["headers"].as_str().unwrap().contains("trace"), "{r}");
+        }
+    }
+    let range = rows.iter().find(|r| r["code"] == json!("range")).unwrap();
+    assert!(range["row"].as_str().unwrap().contains("151"), "{range}");
+    assert!(
+        range["message"].as_str().unwrap().contains("age"),
+        "{range}"
+    );
+    assert_eq!(
+        head.tables.len(),
+        3 + 1,
+        "3 node tables and _ingest_rejects"
+    );
+
+    // The dead-letter topic: one message per reject, Connect's headers plus
+    // ours, the original key, value and headers.
+    let dlq = read_topic(&tg.dlq, want.len() + 1, Duration::from_secs(20));
+    assert_eq!(dlq.len(), want.len(), "exactly one message per reject");
+    let table_ids: BTreeMap<&str, &Value> = rows
+        .iter()
+        .map(|r| (r["reject_id"].as_str().unwrap(), r))
+        .collect();
+    for m in &dlq {
+        let id = m.header("graphsink.reject_id").expect("reject_id header");
+        let row = table_ids
+            .get(id.as_str())
+            .expect("same reject in the table");
+        assert_eq!(
+            m.header("__connect.errors.topic").as_deref(),
+            row["topic"].as_str()
+        );
+        assert_eq!(
+            m.header("__connect.errors.offset"),
+            Some(row["offset"].to_string())
+        );
+        assert_eq!(m.header("__connect.errors.partition").as_deref(), Some("0"));
+        assert_eq!(
+            m.header("__connect.errors.exception.class.name").as_deref(),
+            row["code"].as_str()
+        );
+        assert_eq!(m.header("graphsink.code").as_deref(), row["code"].as_str());
+        assert_eq!(
+            m.header("graphsink.stage").as_deref(),
+            row["stage"].as_str()
+        );
+        assert!(m.header("__connect.errors.exception.message").is_some());
+        if row["topic"] == json!(people) {
+            let i = row["offset"].as_u64().unwrap() as usize;
+            assert_eq!(m.value.as_deref(), person_corpus[i].0.as_deref());
+            assert_eq!(m.header("trace"), Some(format!("t-{i}")));
+            assert_eq!(m.header("graphsink.type").as_deref(), Some("Person"));
+        }
+    }
+
+    // The CLI lists them, and replays the validation rejects' originals.
+    let out = tg.cli(&["rejects", "--stage", "validate"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing = String::from_utf8_lossy(&out.stdout);
+    for code in ["enum", "range", "check"] {
+        assert!(listing.contains(code), "{listing}");
+    }
+    assert!(!listing.contains("malformed_json"), "{listing}");
+    let replay = unique("replay");
+    create_topic(&replay, 1).await;
+    let out = tg.cli(
+        &["replay-rejects", "--stage", "validate", "--to", &replay],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = read_topic(&replay, 4, Duration::from_secs(10));
+    assert_eq!(again.len(), 3);
+    for m in &again {
+        let i: usize = String::from_utf8(m.key.clone().unwrap()).unwrap()[1..]
+            .parse()
+            .unwrap();
+        assert_eq!(m.value.as_deref(), person_corpus[i].0.as_deref());
+        assert_eq!(m.header("trace"), Some(format!("t-{i}")));
+        assert!(
+            m.headers
+                .iter()
+                .all(|(k, _)| !k.starts_with("graphsink.") && !k.starts_with("__connect.")),
+            "{:?}",
+            m.headers
+        );
+    }
+}
+
+/// The dead-letter topic is unreachable: the reject's offset is never
+/// committed, the connector keeps retrying, a stop fails loudly, and a
+/// restart with a working topic delivers the reject and commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_dead_letter_topic_loses_no_reject() {
+    crate::init_logs();
+    let broken = "[offsets]\ncommit_interval = \"100ms\"\n[errors.producer]\n\"bootstrap.servers\" = \"127.0.0.1:1\"\n\"message.timeout.ms\" = \"1000\"";
+    let tg = TestGraph::new(&["node = \"Person\""], broken);
+    let topic = &tg.topics[0];
+    create_topic(topic, 1).await;
+    produce(
+        topic,
+        &[
+            rec(0, None, Some(json!({"name": "a"}))),
+            rec(0, None, Some(json!({"name": "b", "age": "x"}))),
+            rec(0, None, Some(json!({"name": "c"}))),
+        ],
+    )
+    .await;
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(graphsink::run_with(
+        tg.config(),
+        graphsink::RunOptions::default(),
+        stop.clone(),
+    ));
+    // Long enough for several produce attempts and many commit ticks.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert!(!task.is_finished(), "the connector keeps retrying");
+    let c = committed(&tg.group, topic, 1).get(&0).copied().unwrap_or(0);
+    assert!(c <= 1, "committed {c}: past the undelivered reject at 1");
+    stop.cancel();
+    let err = tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("stops")
+        .unwrap()
+        .expect_err("a stop with an undelivered reject is an error");
+    assert!(err.to_string().contains("dead-letter"), "{err}");
+    let c = committed(&tg.group, topic, 1).get(&0).copied().unwrap_or(0);
+    assert!(c <= 1, "committed {c} past the reject while stopping");
+
+    // Fixed: everything is delivered and committed.
+    let cfg = std::fs::read_to_string(tg.config_path()).unwrap();
+    let fixed = cfg
+        .replace("\"bootstrap.servers\" = \"127.0.0.1:1\"", "")
+        .replace("\"message.timeout.ms\" = \"1000\"", "");
+    std::fs::write(tg.config_path(), fixed).unwrap();
+    run_to_end(&tg).await.expect("runs");
+    assert_eq!(committed(&tg.group, topic, 1).get(&0), Some(&3));
+    let dlq = read_topic(&tg.dlq, 2, Duration::from_secs(10));
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(
+        dlq[0].header("__connect.errors.offset").as_deref(),
+        Some("1")
+    );
+    let rows = rejects_at_head(&tg).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["code"], json!("wrong_type"));
+    assert_eq!(
+        tg.rows("nodes/Person")
+            .await
+            .into_keys()
+            .collect::<Vec<_>>(),
+        ["a", "c"]
+    );
+}
+
+/// A crash after the fold's publish and before its dead-letter produce:
+/// the restart re-delivers the fold reject (at least once, same reject_id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_publish_and_dead_letter_redelivers() {
+    let tg = TestGraph::with_schema(
+        "node Person { name: String @key }\nedge Likes: Person -> Person",
+        &[
+            "node = \"Person\"",
+            "edge = \"Likes\"\non_missing_endpoint = \"reject\"",
+        ],
+        "",
+    );
+    let (people, likes) = (&tg.topics[0], &tg.topics[1]);
+    create_topic(people, 1).await;
+    create_topic(likes, 1).await;
+    produce(people, &[rec(0, None, Some(json!({"name": "a"})))]).await;
+    produce(
+        likes,
+        &[rec(0, None, Some(json!({"src": "a", "dst": "nobody"})))],
+    )
+    .await;
+    let out = tg.cli(
+        &["run", "--exit-at-end"],
+        &[("GRAPHSINK_FAILPOINTS", "fold.before_dead_letters=abort")],
+    );
+    assert!(!out.status.success(), "the failpoint aborts");
+    let rows = rejects_at_head(&tg).await;
+    assert_eq!(rows.len(), 1, "published with the fold: {rows:?}");
+    assert_eq!(rows[0]["code"], json!("endpoint_not_found"));
+    assert_eq!(rows[0]["stage"], json!("fold"));
+    let id = rows[0]["reject_id"].as_str().unwrap().to_string();
+    assert!(
+        read_topic(&tg.dlq, 1, Duration::from_secs(3)).is_empty(),
+        "nothing was produced before the crash"
+    );
+    // Let the dead member's session (6 s) expire first: tansu 0.6 can leave
+    // a new member unassigned when it joins while the old one is expiring.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let out = tg.cli(&["run", "--exit-at-end"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dlq = read_topic(&tg.dlq, 2, Duration::from_secs(10));
+    assert_eq!(dlq.len(), 1, "re-delivered once");
+    assert_eq!(dlq[0].header("graphsink.reject_id"), Some(id));
+    assert_eq!(dlq[0].header("graphsink.stage").as_deref(), Some("fold"));
+    assert_eq!(
+        dlq[0].header("graphsink.graph_commit").as_deref(),
+        rows[0]["graph_commit"].as_str()
+    );
+    // A third start has nothing left to deliver.
+    let out = tg.cli(&["run", "--exit-at-end"], &[]);
+    assert!(out.status.success());
+    assert_eq!(read_topic(&tg.dlq, 2, Duration::from_secs(3)).len(), 1);
+}
