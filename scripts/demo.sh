@@ -45,9 +45,15 @@ step() {
 }
 step produce --config "$cfg" --topic people --partitions 4 --file schemas/sample/people.jsonl
 step produce --config "$cfg" --topic companies --partitions 4 --file schemas/sample/companies.jsonl
+step produce --config "$cfg" --topic works_at --partitions 2 --file schemas/sample/works_at.jsonl
+step produce --config "$cfg" --topic knows --partitions 2 --file schemas/sample/knows.jsonl
 step check --config "$cfg"
 step run --config "$cfg" --exit-at-end
-step fold --config "$cfg"
 step show --config "$cfg"
 step log --config "$cfg"
+# The sample data holds a few bad records on purpose: they are rejects now,
+# in _ingest_rejects and on the dead-letter topic. Two edges wait for
+# endpoints that have not arrived (pending).
+step rejects --config "$cfg"
+step status --config "$cfg"
 log "demo finished; the graph is in $GRAPHSINK_GRAPH_ROOT"

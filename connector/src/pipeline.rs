@@ -156,6 +156,7 @@ pub async fn run_with(
         dead_letters,
         shutdown: shutdown.clone(),
         breaker: Breaker::default(),
+        last_poll: tokio::time::Instant::now(),
     };
     let mut cut_rx = cut_rx;
     let mut fold_task = fold_task;
@@ -200,6 +201,8 @@ struct RunLoop<'a> {
     dead_letters: DeadLetters,
     shutdown: CancellationToken,
     breaker: Breaker,
+    /// When the last poll arrived (for `exit_at_end`).
+    last_poll: tokio::time::Instant,
 }
 
 /// The reject-rate breaker: rejects counted per minute; past the limit,
@@ -250,6 +253,7 @@ impl RunLoop<'_> {
                 msg = kafka.recv(), if self.in_flight.len() < max_in_flight && self.breaker.paused_until.is_none() => {
                     match msg {
                         Ok(first) => {
+                            self.last_poll = tokio::time::Instant::now();
                             let ack = self.process_poll(kafka, first).await?;
                             self.in_flight.push_back(ack);
                         }
@@ -483,7 +487,12 @@ impl RunLoop<'_> {
     }
 
     fn at_end(&mut self, kafka: &GroupConsumer) -> Result<bool> {
-        if self.assigned.is_empty() || !self.in_flight.is_empty() {
+        // Quiet for a second too: some brokers (tansu 0.6) report a high
+        // watermark below the true end when producers batch.
+        if self.assigned.is_empty()
+            || !self.in_flight.is_empty()
+            || self.last_poll.elapsed() < Duration::from_secs(1)
+        {
             return Ok(false);
         }
         let parts: Vec<TopicPartition> = self.assigned.iter().cloned().collect();

@@ -333,3 +333,34 @@ async fn node_deletes_with_references_reject_or_cascade() {
         }
     }
 }
+
+/// `errors.tolerance = "none"`: a fold reject stops the connector before
+/// the fold is published; nothing of that fold becomes visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_reject_under_tolerance_none_publishes_nothing() {
+    crate::init_logs();
+    let tg = TestGraph::with_schema(
+        "node Person { name: String @key }\nedge Likes: Person -> Person",
+        &[
+            "node = \"Person\"",
+            "edge = \"Likes\"\non_missing_endpoint = \"reject\"",
+        ],
+        "[errors]\ntolerance = \"none\"",
+    );
+    let (people, likes) = (&tg.topics[0], &tg.topics[1]);
+    create_topic(people, 1).await;
+    create_topic(likes, 1).await;
+    produce(people, &[rec(0, None, Some(json!({"name": "a"})))]).await;
+    produce(
+        likes,
+        &[rec(0, None, Some(json!({"src": "a", "dst": "nobody"})))],
+    )
+    .await;
+    let err = run_to_end(&tg).await.expect_err("the fold reject stops it");
+    assert_eq!(err.kind(), graphsink::ErrorKind::BadInput, "{err}");
+    assert!(err.to_string().contains("endpoint_not_found"), "{err}");
+    assert!(err.to_string().contains(&format!("{likes}/0@0")), "{err}");
+    let head = tg.graph().await.head().await.unwrap();
+    assert_eq!(head.seq, 0, "the fold was not published");
+    assert!(read_topic(&tg.dlq, 1, Duration::from_secs(3)).is_empty());
+}

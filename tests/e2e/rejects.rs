@@ -389,3 +389,45 @@ async fn a_crash_between_publish_and_dead_letter_redelivers() {
     assert!(out.status.success());
     assert_eq!(read_topic(&tg.dlq, 2, Duration::from_secs(3)).len(), 1);
 }
+
+/// The reject-rate breaker: past `max_rejects_per_minute`, fetching pauses
+/// for `breaker_pause`; records behind the burst wait, then land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reject_rate_breaker_pauses_fetching() {
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        "[offsets]\ncommit_interval = \"100ms\"\n[errors]\nmax_rejects_per_minute = 2\nbreaker_pause = \"20s\"",
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 1).await;
+    let bad: Vec<Rec> = (0..5)
+        .map(|i| rec(0, None, Some(json!({"name": format!("b{i}"), "age": "x"}))))
+        .collect();
+    produce(topic, &bad).await;
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(graphsink::run_with(
+        tg.config(),
+        graphsink::RunOptions::default(),
+        stop.clone(),
+    ));
+    wait_until("the burst is committed", Duration::from_secs(30), || {
+        committed(&tg.group, topic, 1).get(&0) == Some(&5)
+    })
+    .await;
+    produce(topic, &[rec(0, None, Some(json!({"name": "good"})))]).await;
+    // Paused: the good record is not taken while the breaker holds.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        committed(&tg.group, topic, 1).get(&0),
+        Some(&5),
+        "fetching paused"
+    );
+    wait_until("fetching resumes", Duration::from_secs(40), || {
+        committed(&tg.group, topic, 1).get(&0) == Some(&6)
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().expect("clean stop");
+    assert_eq!(rejects_at_head(&tg).await.len(), 5);
+}
