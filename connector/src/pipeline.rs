@@ -61,6 +61,26 @@ pub struct RunSummary {
     pub committed: BTreeMap<TopicPartition, i64>,
 }
 
+/// Closes the consumer (leaving the group) off the runtime, bounded: a
+/// rebalance that lands during librdkafka's close can block the closing
+/// thread for good (its rebalance callback asks the main thread for the
+/// rebalance protocol, which is itself closing). Offsets are already
+/// committed by then, so past the bound the consumer is left behind and
+/// the group drops it after `session.timeout.ms`.
+async fn close_consumer(kafka: GroupConsumer) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        drop(kafka);
+        let _ = tx.send(());
+    });
+    if tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .is_err()
+    {
+        tracing::warn!("consumer close did not finish in 10 s (a rebalance during close); leaving it to the session timeout");
+    }
+}
+
 /// Sleeps until `t`, or forever when there is none.
 async fn sleep_until(t: Option<tokio::time::Instant>) {
     match t {
@@ -550,7 +570,7 @@ impl RunLoop<'_> {
         }
         self.summary.committed = self.marks.all().into_iter().collect();
         // Leave the group before closing writers so partitions move on promptly.
-        drop(kafka);
+        close_consumer(kafka).await;
         self.pool.close().await?;
         Ok(self.summary)
     }

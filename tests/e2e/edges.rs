@@ -73,7 +73,7 @@ async fn edges_wait_for_their_endpoints_until_the_deadline() {
         SCHEMA,
         &[
             "node = \"Person\"",
-            "edge = \"Knows\"\nsrc = \"from\"\ndst = \"to\"\nendpoint_deadline = \"4s\"",
+            "edge = \"Knows\"\nsrc = \"from\"\ndst = \"to\"\nendpoint_deadline = \"15s\"",
             "edge = \"Likes\"\non_missing_endpoint = \"reject\"",
             "node = \"Slot\"",
             "edge = \"In\"",
@@ -128,9 +128,9 @@ async fn edges_wait_for_their_endpoints_until_the_deadline() {
         stop.clone(),
     ));
     let k = |o: i64| format!("{knows}/0/{o}");
-    eventually("a->b lands, a->c and a->zz wait", || async {
+    eventually("a->b lands, a->c waits", || async {
         rows_if_any(&tg, "edges/Knows").await.contains_key(&k(0))
-            && rows_if_any(&tg, "_pending/Knows").await.len() == 2
+            && rows_if_any(&tg, "_pending/Knows").await.contains_key(&k(1))
     })
     .await;
     let knows_rows = tg.rows("edges/Knows").await;
