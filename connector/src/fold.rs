@@ -43,6 +43,10 @@ const PLAN_PROPERTY: &str = "graphsink.fold_plan";
 const STATS_PROPERTY: &str = "graphsink.fold_stats";
 const TOMBSTONE: &str = "_tombstone";
 const PUBLISH_ATTEMPTS: usize = 8;
+/// A table is compacted inside the fold that leaves it with more fragments
+/// than this: every fold adds one or two, and merge-insert, scans and
+/// `__manifest` reads all grow with the fragment count, not with the rows.
+pub const COMPACT_FRAGMENTS: usize = 16;
 /// Column of `_pending/<Edge>` tables: when the edge was first deferred.
 pub const PENDING_SINCE: &str = "_pending_since";
 
@@ -1231,6 +1235,21 @@ async fn write_table(
         };
         ds = Arc::new(commit_staged(ds, staged.transaction, &plan_json, &pass).await?);
     }
+    // Keep fold cost flat in history: small fragments are merged in a
+    // commit of this plan, so recovery knows it as the fold's own.
+    if ds.get_fragments().len() > COMPACT_FRAGMENTS {
+        let mut d = Arc::try_unwrap(ds).unwrap_or_else(|a| (*a).clone());
+        let pass = TableOutcome {
+            last: true,
+            ..Default::default()
+        };
+        let options = lance::dataset::optimize::CompactionOptions::default()
+            .transaction_properties(pass_properties(&plan_json, &pass));
+        lance::dataset::optimize::compact_files(&mut d, options, None)
+            .await
+            .ctx(format!("compact {table}"))?;
+        ds = Arc::new(d);
+    }
     // Sum every pass of this plan, including passes of a crashed attempt.
     let mut outcome = committed_outcome(&ds, &plan.commit_id)
         .await?
@@ -1398,6 +1417,10 @@ async fn publish(
         match graph.publish(&commit).await {
             Ok(()) => {
                 tracing::info!(commit = %commit.id, seq = commit.seq, "published graph commit");
+                // Reading the head scans __manifest: keep its fragments few.
+                if let Err(e) = graph.compact_manifest(COMPACT_FRAGMENTS).await {
+                    tracing::warn!(error = %e, "could not compact __manifest; the next fold retries");
+                }
                 return Ok(commit);
             }
             Err(e @ Error::CommitConflict { .. }) => {

@@ -433,6 +433,25 @@ impl Graph {
         self.publish_on(ds, commit).await
     }
 
+    /// Merges `__manifest`'s small fragments once there are more than
+    /// `over`. Only the fold loop calls it, right after its own publish, so
+    /// it never races a publisher of this process; another publisher that
+    /// loses to it rebases like any lost race.
+    pub async fn compact_manifest(&self, over: usize) -> Result<()> {
+        let mut ds = self.open_manifest().await?;
+        if ds.get_fragments().len() <= over {
+            return Ok(());
+        }
+        lance::dataset::optimize::compact_files(
+            &mut ds,
+            lance::dataset::optimize::CompactionOptions::default(),
+            None,
+        )
+        .await
+        .ctx("compact __manifest")?;
+        Ok(())
+    }
+
     /// The manifest's current version (tests).
     #[doc(hidden)]
     pub async fn manifest_version(&self) -> Result<u64> {
