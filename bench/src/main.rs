@@ -8,6 +8,7 @@
 
 mod baselines;
 mod broker;
+mod history;
 mod measure;
 mod report;
 mod sink;
@@ -65,6 +66,15 @@ struct Args {
     /// (graphsink and both baselines); repeatable.
     #[arg(long = "consumer-prop", value_parser = parse_prop)]
     consumer_props: Vec<(String, String)>,
+    /// Instead of the Kafka phases: fold cost against graph history. Times
+    /// folds of `--history-rows` rows at these commit numbers (comma list,
+    /// e.g. 10,1000), with folds of `--history-filler` rows in between.
+    #[arg(long, value_delimiter = ',')]
+    history: Vec<u64>,
+    #[arg(long, default_value_t = 20_000)]
+    history_rows: usize,
+    #[arg(long, default_value_t = 100)]
+    history_filler: usize,
     /// Write the report as JSON here too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -96,6 +106,40 @@ async fn run(a: Args) -> Result<(), BoxError> {
         }
         None => tmp.path().to_path_buf(),
     };
+    if !a.history.is_empty() {
+        let upto = *a.history.iter().max().expect("non-empty");
+        eprintln!(
+            "fold cost against history: {} rows at commits {:?}, {} rows otherwise, {} buckets",
+            a.history_rows, a.history, a.history_filler, a.buckets
+        );
+        let probes = history::run(
+            &dir,
+            a.buckets,
+            a.history_rows,
+            a.history_filler,
+            &a.history,
+            upto,
+        )
+        .await?;
+        println!("| commit | rows | fold s | of which head s | plan s | __manifest fragments | table fragments |");
+        println!("|---|---|---|---|---|---|---|");
+        for p in &probes {
+            println!(
+                "| {} | {} | {:.3} | {:.3} | {:.3} | {} | {} |",
+                p.commit,
+                p.rows,
+                p.fold_secs,
+                p.head_secs,
+                p.plan_secs,
+                p.manifest_fragments,
+                p.table_fragments
+            );
+        }
+        if let Some(path) = &a.json {
+            std::fs::write(path, serde_json::to_string_pretty(&probes)?)?;
+        }
+        return Ok(());
+    }
     let broker = match &a.broker {
         Some(b) => Broker::external(b.clone()),
         None => Broker::start_tansu(a.tansu_bin.clone(), &dir)?,
