@@ -65,7 +65,7 @@ fn done(next: &[i64], ends: &[i64]) -> bool {
     next.iter().zip(ends).all(|(n, e)| n >= e)
 }
 
-/// (a) Poll, remember the next offset per partition, commit every second
+/// (a) Poll, remember the next offset per partition, commit every `commit_every` (1 s default)
 /// (async, as graphsink does), and synchronously at the end.
 pub fn bare(t: &Target, group: &str, ends: &[i64]) -> Result<BaselineRun, BoxError> {
     bare_loop(t, group, &AtomicU64::new(0), &|next| done(next, ends))
@@ -94,7 +94,7 @@ pub fn bare_loop(
             records += 1;
             seen.fetch_add(1, Ordering::Relaxed);
         }
-        if last_commit.elapsed() >= Duration::from_secs(1) {
+        if last_commit.elapsed() >= t.commit_every {
             c.commit(&commit_list(t, &next)?, CommitMode::Async)?;
             last_commit = Instant::now();
             commits += 1;

@@ -36,6 +36,9 @@ pub struct Target {
     /// Extra librdkafka properties for every measured consumer (graphsink
     /// and both baselines alike), e.g. `fetch.wait.max.ms`.
     pub consumer_props: Vec<(String, String)>,
+    /// Offset commit cadence of graphsink (`offsets.commit_interval`) and
+    /// of the bare loop alike.
+    pub commit_every: std::time::Duration,
 }
 
 impl Target {
@@ -273,6 +276,9 @@ actor = "graphsink-bench"
 [wal]
 buckets = {buckets}
 
+[offsets]
+commit_interval = "{commit_ms}ms"
+
 [fold]
 {fold}
 
@@ -282,6 +288,7 @@ node = "{node}"
 key = "value"
 "#,
         bs = t.bootstrap,
+        commit_ms = t.commit_every.as_millis(),
         topic = t.topic,
         node = crate::workload::NODE,
         extra = t
