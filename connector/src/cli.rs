@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{RecordBatch, TimestampMillisecondArray};
+use arrow::array::RecordBatch;
 use clap::{Parser, Subcommand};
 use futures::TryStreamExt;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -813,28 +813,11 @@ async fn status(path: &std::path::Path, json: bool) -> Result<()> {
     {
         let ds = graph.open_table(table, Some(version)).await?;
         let count = ds.count_rows(None).await.ctx(table)?;
-        let mut oldest = None;
-        if count > 0 {
-            let mut scan = ds.scan();
-            scan.project(&[crate::fold::PENDING_SINCE]).ctx(table)?;
-            let batches: Vec<RecordBatch> = scan
-                .try_into_stream()
-                .await
-                .ctx(table)?
-                .try_collect()
-                .await
-                .ctx(table)?;
-            oldest = batches
-                .iter()
-                .filter_map(|b| {
-                    arrow::compute::min(
-                        b.column(0)
-                            .as_any()
-                            .downcast_ref::<TimestampMillisecondArray>()?,
-                    )
-                })
-                .min();
-        }
+        let oldest = if count > 0 {
+            crate::fold::oldest_pending(&ds).await?
+        } else {
+            None
+        };
         pending.push(PendingStatus {
             edge: table.trim_start_matches("_pending/").to_string(),
             table: table.clone(),

@@ -231,17 +231,7 @@ pub async fn plan(
             continue;
         }
         let deadline = graph.policies.of(&e.name).deadline_ms;
-        let oldest = read_all(&ds, Some(&[PENDING_SINCE]))
-            .await?
-            .iter()
-            .filter_map(|b| {
-                arrow::compute::min(
-                    b.column(0)
-                        .as_any()
-                        .downcast_ref::<TimestampMillisecondArray>()?,
-                )
-            })
-            .min();
+        let oldest = oldest_pending(&ds).await?;
         let due = oldest.is_some_and(|o| o + deadline <= now);
         if nodes_changed || due || tables.iter().any(|t| t.table == e.table) {
             retry_pending.push(e.table.clone());
@@ -994,6 +984,21 @@ async fn existing_ids(
         }
     }
     Ok(found)
+}
+
+/// When the oldest edge of a `_pending/<Edge>` table was first deferred.
+pub async fn oldest_pending(ds: &Dataset) -> Result<Option<i64>> {
+    Ok(read_all(ds, Some(&[PENDING_SINCE]))
+        .await?
+        .iter()
+        .filter_map(|b| {
+            arrow::compute::min(
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<TimestampMillisecondArray>()?,
+            )
+        })
+        .min())
 }
 
 async fn read_all(ds: &Dataset, cols: Option<&[&str]>) -> Result<Vec<RecordBatch>> {

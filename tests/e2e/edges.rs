@@ -10,19 +10,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::harness::*;
 
-async fn run_to_end(tg: &TestGraph) -> graphsink::Result<graphsink::RunSummary> {
-    let options = graphsink::RunOptions {
-        exit_at_end: true,
-        ..Default::default()
-    };
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        graphsink::run_with(tg.config(), options, CancellationToken::new()),
-    )
-    .await
-    .expect("run reached the end in time")
-}
-
 fn keys(rows: &BTreeMap<String, Value>) -> Vec<String> {
     rows.keys().cloned().collect()
 }
@@ -226,7 +213,7 @@ async fn card_and_unique_are_checked_against_committed_rows() {
         &[rec(0, Some("m1"), Some(json!({"src": "a", "dst": "b"})))],
     )
     .await;
-    run_to_end(&tg).await.expect("first run");
+    try_run_to_end(&tg).await.expect("first run");
     assert_eq!(keys(&tg.rows("edges/Manager").await), ["m1"]);
 
     // d takes a's email; a keeps its own (an update is no conflict); a gets
@@ -240,7 +227,7 @@ async fn card_and_unique_are_checked_against_committed_rows() {
         ],
     )
     .await;
-    run_to_end(&tg).await.expect("second run");
+    try_run_to_end(&tg).await.expect("second run");
     assert_eq!(keys(&tg.rows("nodes/Person").await), ["a", "b", "c"]);
     assert_eq!(keys(&tg.rows("edges/Manager").await), ["m1"]);
     let rejects = rejects_at_head(&tg).await;
@@ -301,14 +288,14 @@ async fn node_deletes_with_references_reject_or_cascade() {
             &[rec(0, Some("e1"), Some(json!({"src": "a", "dst": "b"})))],
         )
         .await;
-        run_to_end(&tg).await.expect("first run");
+        try_run_to_end(&tg).await.expect("first run");
         // b is referenced (as dst); lonely is not.
         produce(
             people,
             &[rec(0, Some("b"), None), rec(0, Some("lonely"), None)],
         )
         .await;
-        run_to_end(&tg).await.expect("second run");
+        try_run_to_end(&tg).await.expect("second run");
         let people_now = keys(&tg.rows("nodes/Person").await);
         let edges_now = keys(&tg.rows("edges/Knows").await);
         let rejects = rejects_at_head(&tg).await;
@@ -356,7 +343,9 @@ async fn a_fold_reject_under_tolerance_none_publishes_nothing() {
         &[rec(0, None, Some(json!({"src": "a", "dst": "nobody"})))],
     )
     .await;
-    let err = run_to_end(&tg).await.expect_err("the fold reject stops it");
+    let err = try_run_to_end(&tg)
+        .await
+        .expect_err("the fold reject stops it");
     assert_eq!(err.kind(), graphsink::ErrorKind::BadInput, "{err}");
     assert!(err.to_string().contains("endpoint_not_found"), "{err}");
     assert!(err.to_string().contains(&format!("{likes}/0@0")), "{err}");

@@ -482,3 +482,21 @@ pub fn read_topic(topic: &str, want: usize, timeout: Duration) -> Vec<Consumed> 
     }
     out
 }
+
+/// Runs the connector in process until it is at the end of its topics.
+pub async fn try_run_to_end(tg: &TestGraph) -> graphsink::Result<graphsink::RunSummary> {
+    let options = graphsink::RunOptions {
+        exit_at_end: true,
+        ..Default::default()
+    };
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        graphsink::run_with(
+            tg.config(),
+            options,
+            tokio_util::sync::CancellationToken::new(),
+        ),
+    )
+    .await
+    .expect("run reached the end in time")
+}

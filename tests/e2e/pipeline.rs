@@ -77,17 +77,7 @@ fn assert_rows(
 }
 
 async fn run_to_end(tg: &TestGraph) -> graphsink::RunSummary {
-    let options = graphsink::RunOptions {
-        exit_at_end: true,
-        ..Default::default()
-    };
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        graphsink::run_with(tg.config(), options, CancellationToken::new()),
-    )
-    .await
-    .expect("run reached the end in time")
-    .expect("run succeeds")
+    try_run_to_end(tg).await.expect("run succeeds")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
