@@ -12,6 +12,7 @@ use arrow::array::{Array, RecordBatch, StringArray};
 use futures::TryStreamExt;
 use graphsink::graph::Graph;
 use graphsink::Config;
+use graphsink_testkit::Tansu;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -20,7 +21,9 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 struct Broker {
     addr: String,
-    _child: Option<Child>,
+    /// Never dropped (it lives in a static): tansu goes with the test
+    /// process through PR_SET_PDEATHSIG, which graphsink-testkit sets.
+    _tansu: Option<Tansu>,
 }
 
 static BROKER: OnceLock<Broker> = OnceLock::new();
@@ -31,7 +34,7 @@ pub fn broker() -> &'static str {
     &BROKER
         .get_or_init(|| {
             if let Ok(addr) = std::env::var("GRAPHSINK_TEST_BROKER") {
-                return Broker { addr, _child: None };
+                return Broker { addr, _tansu: None };
             }
             start_tansu()
         })
@@ -39,9 +42,7 @@ pub fn broker() -> &'static str {
 }
 
 fn start_tansu() -> Broker {
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let cache = std::env::var("GRAPHSINK_CACHE").unwrap_or(format!("{home}/.cache/graphsink"));
-    let bin = PathBuf::from(format!("{cache}/tansu-0.6.0/bin/tansu"));
+    let bin = graphsink_testkit::tansu::default_bin();
     if !bin.exists() {
         panic!(
             "no Kafka broker for the tests: set GRAPHSINK_TEST_BROKER=host:port, \
@@ -49,52 +50,10 @@ fn start_tansu() -> Broker {
             bin.display()
         );
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let url = format!("tcp://127.0.0.1:{port}");
-    let mut cmd = Command::new(&bin);
-    cmd.args([
-        "broker",
-        "--listener-url",
-        &url,
-        "--advertised-listener-url",
-        &url,
-    ])
-    .args(["--storage-engine", "memory://tansu/"])
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    // The broker dies with the test process, so nothing is left running.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    // PDEATHSIG fires when the spawning *thread* exits, and test threads
-    // end with their test: spawn from a thread that lives as long as the
-    // process.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(cmd.spawn());
-        loop {
-            std::thread::park();
-        }
-    });
-    let child = rx.recv().expect("spawner thread").expect("start tansu");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "tansu did not listen on {port} within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let tansu = Tansu::start(Some(bin), None).unwrap_or_else(|e| panic!("start tansu: {e}"));
     Broker {
-        addr: format!("127.0.0.1:{port}"),
-        _child: Some(child),
+        addr: tansu.bootstrap.clone(),
+        _tansu: Some(tansu),
     }
 }
 
