@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use arrow::array::{
     Array, ArrayRef, BooleanArray, Int32Array, Int64Array, RecordBatch, StringArray,
-    TimestampMillisecondArray, UInt32Array,
+    TimestampMillisecondArray,
 };
-use arrow::compute::{concat_batches, filter_record_batch, take};
+use arrow::compute::{concat_batches, filter_record_batch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use futures::TryStreamExt;
 use lance::dataset::mem_wal::DatasetMemWalExt;
@@ -1323,56 +1323,71 @@ async fn read_generations(
         }
     }
     batches.retain(|b| b.num_rows() > 0);
-    let Some(first) = batches.first() else {
+    if batches.is_empty() {
         return Ok((None, vec![]));
-    };
-    let all = concat_batches(&first.schema(), &batches).ctx("concat generations")?;
-    let ids = all
-        .column_by_name(pk)
-        .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-        .ok_or_else(|| Error::Corrupt(format!("{}: generation without {pk}", tp.table)))?;
-    let mut last: HashMap<&str, u32> = HashMap::with_capacity(ids.len());
-    for i in 0..ids.len() {
-        last.insert(ids.value(i), i as u32);
     }
-    let mut keep: Vec<u32> = last.into_values().collect();
-    keep.sort_unstable();
-    let keep = UInt32Array::from(keep);
-    let newest: Vec<ArrayRef> = all
-        .columns()
+    // The newest row per key, as (batch, row) in WAL order, without first
+    // concatenating the generations: the fold holds the rows it read plus
+    // the rows it keeps, not several copies of everything.
+    let mut last: HashMap<&str, (usize, usize)> = HashMap::new();
+    for (b, batch) in batches.iter().enumerate() {
+        let ids = batch
+            .column_by_name(pk)
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+            .ok_or_else(|| Error::Corrupt(format!("{}: generation without {pk}", tp.table)))?;
+        for r in 0..ids.len() {
+            last.insert(ids.value(r), (b, r));
+        }
+    }
+    let mut newest: Vec<(usize, usize)> = last.into_values().collect();
+    newest.sort_unstable();
+    let is_tombstone = |b: usize, r: usize| {
+        batches[b]
+            .column_by_name(TOMBSTONE)
+            .and_then(|c| c.as_any().downcast_ref::<BooleanArray>())
+            .is_some_and(|t| t.is_valid(r) && t.value(r))
+    };
+    let (deleted, upserted): (Vec<_>, Vec<_>) =
+        newest.into_iter().partition(|&(b, r)| is_tombstone(b, r));
+    let deletes: Vec<String> = deleted
         .iter()
-        .map(|c| take(c, &keep, None))
-        .collect::<std::result::Result<_, _>>()
-        .ctx("newest per id")?;
-    let newest = RecordBatch::try_new(all.schema(), newest).ctx("newest per id")?;
-    let tomb = newest
-        .column_by_name(TOMBSTONE)
-        .and_then(|c| c.as_any().downcast_ref::<BooleanArray>().cloned())
-        .unwrap_or_else(|| BooleanArray::from(vec![false; newest.num_rows()]));
-    let is_delete: BooleanArray = tomb.iter().map(|v| Some(v == Some(true))).collect();
-    let is_upsert = arrow::compute::not(&is_delete).ctx("mask")?;
-
-    let deleted = filter_record_batch(&newest, &is_delete).ctx("deletes")?;
-    let deletes: Vec<String> = (0..deleted.num_rows())
-        .map(|i| str_at(&deleted, pk, i))
+        .map(|&(b, r)| str_at(&batches[b], pk, r))
         .collect();
-    let upserted = filter_record_batch(&newest, &is_upsert).ctx("upserts")?;
-    let upserts = if upserted.num_rows() > 0 {
-        let cols: Vec<ArrayRef> = base_schema
+    if upserted.is_empty() {
+        return Ok((None, deletes));
+    }
+    // Only the base columns, so the interleave copies nothing it drops.
+    // Tombstone rows hold nulls in required columns, so the sources are
+    // typed as nullable; the picked upserts must fit the base schema.
+    let loose: SchemaRef = Arc::new(Schema::new(
+        base_schema
             .fields()
             .iter()
-            .map(|f| {
-                upserted
-                    .column_by_name(f.name())
-                    .cloned()
-                    .ok_or_else(|| Error::Corrupt(format!("generation lacks column {}", f.name())))
-            })
-            .collect::<Result<_>>()?;
-        Some(RecordBatch::try_new(base_schema, cols).ctx("upserts in base schema")?)
-    } else {
-        None
-    };
-    Ok((upserts, deletes))
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ));
+    let projected: Vec<RecordBatch> = batches
+        .iter()
+        .map(|batch| {
+            let cols: Vec<ArrayRef> = base_schema
+                .fields()
+                .iter()
+                .map(|f| {
+                    batch.column_by_name(f.name()).cloned().ok_or_else(|| {
+                        Error::Corrupt(format!("generation lacks column {}", f.name()))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            RecordBatch::try_new(loose.clone(), cols).ctx("generation columns")
+        })
+        .collect::<Result<_>>()?;
+    drop(batches);
+    let picked =
+        arrow::compute::interleave_record_batch(&projected.iter().collect::<Vec<_>>(), &upserted)
+            .ctx("newest per id")?;
+    let upserts = RecordBatch::try_new(base_schema, picked.columns().to_vec())
+        .ctx("upserts in base schema")?;
+    Ok((Some(upserts), deletes))
 }
 
 async fn publish(

@@ -52,6 +52,18 @@ pub struct RunStats {
     pub rejected: AtomicU64,
     /// Successful offset commits.
     pub commits: AtomicU64,
+    /// Polls taken, and the run loop's time in them (ns): in all, in
+    /// decoding + validating, and in handing rows to the shard writers
+    /// (memtable inserts). The loop is one task, so busy ÷ wall time says
+    /// how close ingest is to its single-task ceiling.
+    pub polls: AtomicU64,
+    pub poll_ns: AtomicU64,
+    pub decode_ns: AtomicU64,
+    pub put_ns: AtomicU64,
+}
+
+fn nanos(since: std::time::Instant) -> u64 {
+    since.elapsed().as_nanos() as u64
 }
 
 /// What a finished run reports.
@@ -301,6 +313,7 @@ impl RunLoop<'_> {
         kafka: &GroupConsumer,
         first: BorrowedMessage<'_>,
     ) -> Result<AckFuture> {
+        let started = std::time::Instant::now();
         let limit = self.config.wal.max_poll_records;
         let mut msgs = vec![first];
         while msgs.len() < limit {
@@ -331,6 +344,7 @@ impl RunLoop<'_> {
         }
         // Decode every topic before writing anything, so a poll that must
         // stop (errors.tolerance = "none") writes nothing.
+        let decode_started = std::time::Instant::now();
         let mut decoded = Vec::with_capacity(by_topic.len());
         let mut rejects = Vec::new();
         for (topic, records) in by_topic {
@@ -354,6 +368,7 @@ impl RunLoop<'_> {
             }
             self.trip_breaker(rejects.len() as u64);
         }
+        let put_started = std::time::Instant::now();
         seen.add_to(&mut self.spans);
         let ack = seen.ack();
         let mut writes: Vec<PendingWrite> = Vec::new();
@@ -383,9 +398,13 @@ impl RunLoop<'_> {
             );
         }
         self.summary.records += msgs.len() as u64;
-        self.stats
-            .consumed
-            .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        let st = &self.stats;
+        st.put_ns.fetch_add(nanos(put_started), Ordering::Relaxed);
+        let decode = put_started.duration_since(decode_started).as_nanos() as u64;
+        st.decode_ns.fetch_add(decode, Ordering::Relaxed);
+        st.poll_ns.fetch_add(nanos(started), Ordering::Relaxed);
+        st.polls.fetch_add(1, Ordering::Relaxed);
+        st.consumed.fetch_add(msgs.len() as u64, Ordering::Relaxed);
         let fold = &self.config.fold;
         if self.pending_rows >= fold.max_pending_rows
             || self.pending_bytes >= fold.max_pending_bytes
