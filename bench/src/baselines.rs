@@ -53,19 +53,26 @@ fn group_config(t: &Target, group: &str) -> ClientConfig {
 
 fn commit_list(t: &Target, next: &[i64]) -> Result<TopicPartitionList, BoxError> {
     let mut tpl = TopicPartitionList::new();
-    for (p, &n) in next.iter().enumerate() {
+    for (slot, &n) in next.iter().enumerate() {
         if n > 0 {
-            tpl.add_partition_offset(&t.topic, p as i32, Offset::Offset(n))?;
+            let (topic, p) = t.topics.at(slot);
+            tpl.add_partition_offset(topic, p, Offset::Offset(n))?;
         }
     }
     Ok(tpl)
+}
+
+fn slot_of(t: &Target, m: &impl Message) -> Result<usize, BoxError> {
+    t.topics
+        .slot(m.topic(), m.partition())
+        .ok_or_else(|| format!("record from unexpected {}/{}", m.topic(), m.partition()).into())
 }
 
 fn done(next: &[i64], ends: &[i64]) -> bool {
     next.iter().zip(ends).all(|(n, e)| n >= e)
 }
 
-/// (a) Poll, remember the next offset per partition, commit every `commit_every` (1 s default)
+/// (a) Poll, remember the next offset per partition, commit every `commit_every` (`--commit-interval-ms`)
 /// (async, as graphsink does), and synchronously at the end.
 pub fn bare(t: &Target, group: &str, ends: &[i64]) -> Result<BaselineRun, BoxError> {
     bare_loop(t, group, &AtomicU64::new(0), &|next| done(next, ends))
@@ -80,8 +87,8 @@ pub fn bare_loop(
     stop: &dyn Fn(&[i64]) -> bool,
 ) -> Result<BaselineRun, BoxError> {
     let c: BaseConsumer = group_config(t, group).create()?;
-    c.subscribe(&[&t.topic])?;
-    let mut next = vec![0i64; t.partitions as usize];
+    c.subscribe(&t.topics.names())?;
+    let mut next = vec![0i64; t.topics.slots()];
     let mut records = 0u64;
     let mut first: Option<Instant> = None;
     let mut last_commit = Instant::now();
@@ -90,7 +97,7 @@ pub fn bare_loop(
         if let Some(m) = c.poll(Duration::from_millis(100)) {
             let m = m?;
             first.get_or_insert_with(Instant::now);
-            next[m.partition() as usize] = m.offset() + 1;
+            next[slot_of(t, &m)?] = m.offset() + 1;
             records += 1;
             seen.fetch_add(1, Ordering::Relaxed);
         }
@@ -109,7 +116,8 @@ pub fn bare_loop(
     })
 }
 
-/// The columns the direct load keeps: exactly the JSON value's fields.
+/// The columns the direct load keeps: exactly the JSON values' fields (and,
+/// for edges, the id from the Kafka key).
 fn item_schema() -> Arc<Schema> {
     Arc::new(Schema::new(vec![
         Field::new("sku", DataType::Utf8, false),
@@ -118,14 +126,23 @@ fn item_schema() -> Arc<Schema> {
     ]))
 }
 
-/// Keeps the last row per `sku`: Lance refuses a merge-insert whose source
-/// has two rows for one key, and Kafka order means the last one wins.
+fn link_value_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("src", DataType::Utf8, false),
+        Field::new("dst", DataType::Utf8, false),
+        Field::new("seq", DataType::Int64, false),
+        Field::new("pad", DataType::Utf8, false),
+    ]))
+}
+
+/// Keeps the last row per key (column 0): Lance refuses a merge-insert whose
+/// source has two rows for one key, and Kafka order means the last one wins.
 fn last_per_key(batch: &RecordBatch) -> Result<RecordBatch, BoxError> {
     let keys = batch
         .column(0)
         .as_any()
         .downcast_ref::<StringArray>()
-        .ok_or("sku is not utf8")?;
+        .ok_or("key is not utf8")?;
     let mut seen = HashSet::with_capacity(keys.len());
     let mut keep: Vec<u32> = (0..keys.len() as u32)
         .rev()
@@ -141,51 +158,125 @@ fn last_per_key(batch: &RecordBatch) -> Result<RecordBatch, BoxError> {
     Ok(RecordBatch::try_new(batch.schema(), cols)?)
 }
 
-/// (b) Consume up to `batch` records (or to the end), decode the JSON values
-/// with arrow-json, merge-insert into one Lance table keyed on `sku`, then
-/// commit the batch's offsets synchronously. No WAL, no graph commit.
-pub async fn direct(
-    t: &Target,
-    group: &str,
-    ends: &[i64],
-    uri: &str,
-    batch: usize,
-) -> Result<BaselineRun, BoxError> {
-    let c: StreamConsumer = group_config(t, group).create()?;
-    c.subscribe(&[&t.topic])?;
-    let schema = item_schema();
-    let mut next = vec![0i64; t.partitions as usize];
-    let mut ds: Option<Arc<Dataset>> = None;
-    let (mut records, mut batches) = (0u64, 0u64);
-    let mut first: Option<Instant> = None;
-    while !done(&next, ends) {
-        let mut json = Vec::with_capacity(batch * 128);
-        let mut n = 0usize;
-        while n < batch && !done(&next, ends) {
-            let m = c.recv().await?;
-            first.get_or_insert_with(Instant::now);
-            json.extend_from_slice(m.payload().unwrap_or(b"null"));
-            json.push(b'\n');
-            next[m.partition() as usize] = m.offset() + 1;
-            n += 1;
+/// One table of the direct load: JSON lines (and Kafka keys) of one batch,
+/// merged into a plain Lance table keyed on its first column.
+struct DirectTable {
+    uri: String,
+    key: &'static str,
+    value_schema: Arc<Schema>,
+    /// Edges: the Kafka key becomes an `id` column in front.
+    key_column: bool,
+    ds: Option<Arc<Dataset>>,
+    json: Vec<u8>,
+    keys: Vec<String>,
+}
+
+impl DirectTable {
+    fn new(uri: String, key: &'static str, value_schema: Arc<Schema>, key_column: bool) -> Self {
+        DirectTable {
+            uri,
+            key,
+            value_schema,
+            key_column,
+            ds: None,
+            json: Vec::new(),
+            keys: Vec::new(),
         }
-        let reader = arrow_json::ReaderBuilder::new(schema.clone())
-            .with_batch_size(n.max(1))
-            .build(Cursor::new(json))?;
+    }
+
+    fn push(&mut self, m: &impl Message) {
+        self.json.extend_from_slice(m.payload().unwrap_or(b"null"));
+        self.json.push(b'\n');
+        if self.key_column {
+            let k = m.key().map(String::from_utf8_lossy).unwrap_or_default();
+            self.keys.push(k.into_owned());
+        }
+    }
+
+    async fn merge(&mut self) -> Result<(), BoxError> {
+        if self.json.is_empty() {
+            return Ok(());
+        }
+        let reader = arrow_json::ReaderBuilder::new(self.value_schema.clone())
+            .with_batch_size(64 * 1024)
+            .build(Cursor::new(std::mem::take(&mut self.json)))?;
         let parts = reader.collect::<Result<Vec<_>, _>>()?;
-        let rows = last_per_key(&concat_batches(&schema, &parts)?)?;
-        ds = Some(match ds.take() {
+        let mut batch = concat_batches(&self.value_schema, &parts)?;
+        if self.key_column {
+            let ids = StringArray::from(std::mem::take(&mut self.keys));
+            let mut fields = vec![Field::new("id", DataType::Utf8, false)];
+            fields.extend(
+                self.value_schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.as_ref().clone()),
+            );
+            let mut cols: Vec<Arc<dyn Array>> = vec![Arc::new(ids)];
+            cols.extend(batch.columns().iter().cloned());
+            batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?;
+        }
+        let rows = last_per_key(&batch)?;
+        let schema = rows.schema();
+        self.ds = Some(match self.ds.take() {
             None => {
-                let it = RecordBatchIterator::new(vec![Ok(rows)], schema.clone());
-                Arc::new(Dataset::write(it, uri, None).await?)
+                let it = RecordBatchIterator::new(vec![Ok(rows)], schema);
+                Arc::new(Dataset::write(it, &self.uri, None).await?)
             }
             Some(d) => {
-                let mut b = MergeInsertBuilder::try_new(d, vec!["sku".into()])?;
+                let mut b = MergeInsertBuilder::try_new(d, vec![self.key.into()])?;
                 b.when_matched(WhenMatched::UpdateAll)
                     .when_not_matched(WhenNotMatched::InsertAll);
                 b.try_build()?.execute_batches(vec![rows]).await?.0
             }
         });
+        Ok(())
+    }
+}
+
+/// (b) Consume up to `batch` records (or to the end), decode the JSON values
+/// with arrow-json, merge-insert nodes into one Lance table keyed on `sku`
+/// and edges into another keyed on the Kafka key, then commit the batch's
+/// offsets synchronously. No WAL, no graph commit, no endpoint checks.
+pub async fn direct(
+    t: &Target,
+    group: &str,
+    ends: &[i64],
+    dir: &str,
+    batch: usize,
+) -> Result<BaselineRun, BoxError> {
+    let c: StreamConsumer = group_config(t, group).create()?;
+    c.subscribe(&t.topics.names())?;
+    let mut tables = vec![DirectTable::new(
+        format!("{dir}/items.lance"),
+        "sku",
+        item_schema(),
+        false,
+    )];
+    if t.topics.edges.is_some() {
+        tables.push(DirectTable::new(
+            format!("{dir}/links.lance"),
+            "id",
+            link_value_schema(),
+            true,
+        ));
+    }
+    let p = t.topics.partitions as usize;
+    let mut next = vec![0i64; t.topics.slots()];
+    let (mut records, mut batches) = (0u64, 0u64);
+    let mut first: Option<Instant> = None;
+    while !done(&next, ends) {
+        let mut n = 0usize;
+        while n < batch && !done(&next, ends) {
+            let m = c.recv().await?;
+            first.get_or_insert_with(Instant::now);
+            let slot = slot_of(t, &m)?;
+            tables[slot / p].push(&m);
+            next[slot] = m.offset() + 1;
+            n += 1;
+        }
+        for table in &mut tables {
+            table.merge().await?;
+        }
         c.commit(&commit_list(t, &next)?, CommitMode::Sync)?;
         records += n as u64;
         batches += 1;

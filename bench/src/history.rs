@@ -56,16 +56,13 @@ pub async fn run(
         RecordDecoder::new(&graph.schema, &cfg.mappings[0], rows.max(filler), 1 << 20)?;
     let pool = ShardPool::open(&graph, &cfg.wal, &graph.wal_tables()).await?;
     let table = graph.schema.types[0].table.clone();
-    let shape = Shape {
-        keys: (rows as u64 * 4).max(1),
-        value_bytes: 100,
-    };
+    let shape = Shape::nodes_only((rows as u64 * 4).max(1), 100);
     let mut offset = 0i64;
     let mut out = Vec::new();
     for seq in 1..=upto {
         let n = if probes.contains(&seq) { rows } else { filler };
         let values: Vec<String> = (0..n)
-            .map(|i| workload::record(shape, 7, offset as u64 + i as u64).1)
+            .map(|i| workload::node_record(shape, 7, offset as u64 + i as u64).1)
             .collect();
         let recs: Vec<SourceRecord> = values
             .iter()

@@ -14,7 +14,7 @@ mod report;
 mod sink;
 mod workload;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
@@ -34,7 +34,7 @@ struct Args {
     #[arg(long)]
     tansu_bin: Option<PathBuf>,
     /// Records in the backlog.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 1_000_000)]
     records: u64,
     /// Key space (distinct node ids); default records/2, so about half the
     /// records update an earlier key.
@@ -43,6 +43,12 @@ struct Args {
     /// Approximate JSON value size in bytes (a padded string property).
     #[arg(long, default_value_t = 100)]
     value_bytes: usize,
+    /// Fraction of the records that are edges (`Link: Item -> Item`, on a
+    /// second topic, endpoints drawn from the backlog's node records); 0
+    /// produces node records only.
+    #[arg(long, default_value_t = 0.0)]
+    edge_fraction: f64,
+    /// Partitions of each topic.
     #[arg(long, default_value_t = 8)]
     partitions: i32,
     /// Buckets N per type (`wal.buckets`).
@@ -66,6 +72,11 @@ struct Args {
     /// (graphsink and both baselines); repeatable.
     #[arg(long = "consumer-prop", value_parser = parse_prop)]
     consumer_props: Vec<(String, String)>,
+    /// `fetch.wait.max.ms` of every measured consumer; 0 keeps librdkafka's
+    /// 500 ms. tansu 0.6 holds each fetch for the whole wait even when data
+    /// is there, so at 500 ms every consumer measures the broker's wait.
+    #[arg(long, default_value_t = 5)]
+    fetch_wait_ms: u64,
     /// Instead of the Kafka phases: fold cost against graph history. Times
     /// folds of `--history-rows` rows at these commit numbers (comma list,
     /// e.g. 10,1000), with folds of `--history-filler` rows in between.
@@ -75,9 +86,22 @@ struct Args {
     history_rows: usize,
     #[arg(long, default_value_t = 100)]
     history_filler: usize,
-    /// Offset commit cadence (ms) of graphsink and of the bare loop.
-    #[arg(long, default_value_t = 1000)]
+    /// Offset commit cadence (ms) of graphsink and of the bare loop. Short,
+    /// so a run's end is not rounded up to a commit tick.
+    #[arg(long, default_value_t = 100)]
     commit_interval_ms: u64,
+    /// graphsink's `wal.flush_interval` (ms): the longest a put waits for
+    /// its WAL entry to be durable.
+    #[arg(long, default_value_t = 20)]
+    wal_flush_ms: u64,
+    /// Internal: fold the graph of this config once and print the cost as
+    /// JSON (the fold-cost phase runs it as a child process).
+    #[arg(long, hide = true)]
+    fold_config: Option<PathBuf>,
+    /// Internal: fold in this process instead (the tests, whose binary is
+    /// not the bench's).
+    #[arg(long, hide = true)]
+    fold_in_process: bool,
     /// Write the report as JSON here too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -101,6 +125,11 @@ async fn main() {
 }
 
 async fn run(a: Args) -> Result<(), BoxError> {
+    if let Some(cfg) = &a.fold_config {
+        let cost = sink::fold_child(cfg).await?;
+        println!("{}", serde_json::to_string(&cost)?);
+        return Ok(());
+    }
     let tmp = tempfile::tempdir()?;
     let dir = match &a.work_dir {
         Some(d) => {
@@ -143,24 +172,62 @@ async fn run(a: Args) -> Result<(), BoxError> {
         }
         return Ok(());
     }
+    let r = kafka_phases(&a, &dir).await?;
+    r.print();
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&r)?)?;
+    }
+    Ok(())
+}
+
+/// The Kafka phases, in order, on one broker: produce, (a) bare, (b)
+/// direct, graphsink, graphsink with folding off + the fold, and the paced
+/// latency phases.
+async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
     let broker = match &a.broker {
         Some(b) => Broker::external(b.clone()),
-        None => Broker::start_tansu(a.tansu_bin.clone(), &dir)?,
+        None => Broker::start_tansu(a.tansu_bin.clone(), dir)?,
     };
     // Unique names, so reruns against a shared broker never read old data.
     let run_id = chrono::Utc::now().format("%Y%m%d%H%M%S").to_string();
+    if !(0.0..=1.0).contains(&a.edge_fraction) {
+        return Err("--edge-fraction must be within 0..=1".into());
+    }
+    let has_edges = a.edge_fraction > 0.0;
     let t = Target {
         bootstrap: broker.bootstrap.clone(),
-        topic: format!("bench-items-{run_id}"),
-        partitions: a.partitions,
-        consumer_props: a.consumer_props.clone(),
+        topics: workload::Topics {
+            nodes: format!("bench-items-{run_id}"),
+            edges: has_edges.then(|| format!("bench-links-{run_id}")),
+            partitions: a.partitions,
+        },
+        consumer_props: {
+            let mut p = a.consumer_props.clone();
+            if a.fetch_wait_ms > 0 && !p.iter().any(|(k, _)| k == "fetch.wait.max.ms") {
+                p.push(("fetch.wait.max.ms".into(), a.fetch_wait_ms.to_string()));
+            }
+            p
+        },
         commit_every: Duration::from_millis(a.commit_interval_ms.max(1)),
+        wal_flush: Duration::from_millis(a.wal_flush_ms.max(1)),
     };
     let group = |name: &str| format!("bench-{name}-{run_id}");
-    let shape = Shape {
+    let mut shape = Shape {
         keys: a.keys.unwrap_or((a.records / 2).max(1)),
         value_bytes: a.value_bytes,
+        edge_fraction: a.edge_fraction,
+        edge_keys: 1,
+        endpoints: 1,
     };
+    let edges = shape.edges_in(a.records);
+    let nodes = a.records - edges;
+    // Edge ids repeat as often as node keys do; endpoints are any backlog
+    // node record's key.
+    shape.edge_keys = (edges / 2).max(1);
+    shape.endpoints = nodes.max(1);
+    if has_edges && nodes == 0 {
+        return Err("an edge mix needs node records for its endpoints".into());
+    }
     let every = Duration::from_millis(a.sample_ms);
     let mut r = Report {
         build: if cfg!(debug_assertions) {
@@ -174,30 +241,41 @@ async fn run(a: Args) -> Result<(), BoxError> {
             format!("tansu 0.6.0 memory at {}", t.bootstrap)
         },
         workload: serde_json::json!({
-            "records": a.records, "keys": shape.keys, "value_bytes": a.value_bytes,
+            "records": a.records, "node_records": nodes, "edge_records": edges,
+            "keys": shape.keys, "edge_keys": if has_edges { shape.edge_keys } else { 0 },
+            "value_bytes": a.value_bytes,
             "partitions": a.partitions, "buckets": a.buckets, "fold_interval": a.fold_interval,
-            "direct_batch": a.direct_batch, "edges": "none (node records only)", "commit_interval_ms": a.commit_interval_ms,
-            "consumer_props": a.consumer_props, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
+            "direct_batch": a.direct_batch, "commit_interval_ms": a.commit_interval_ms, "wal_flush_ms": a.wal_flush_ms,
+            "consumer_props": t.consumer_props, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
         }),
         commit_sample_interval_ms: a.sample_ms,
         ..Default::default()
     };
 
-    broker.create_topic(&t.topic, a.partitions).await?;
-    eprintln!("producing {} records to {} ...", a.records, t.topic);
-    {
-        let (bs, topic) = (t.bootstrap.clone(), t.topic.clone());
-        let n = a.records;
-        r.produce_records_per_s =
-            tokio::task::spawn_blocking(move || workload::produce_backlog(&bs, &topic, shape, n))
-                .await??;
+    for topic in t.topics.names() {
+        broker.create_topic(topic, a.partitions).await?;
     }
-    let ends = t.end_offsets()?;
+    eprintln!(
+        "producing {} records ({nodes} nodes, {edges} edges) to {} ...",
+        a.records,
+        t.topics.names().join(", ")
+    );
+    let backlog = {
+        let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
+        let n = a.records;
+        tokio::task::spawn_blocking(move || workload::produce_backlog(&bs, &topics, shape, n))
+            .await??
+    };
+    r.produce_records_per_s = backlog.records_per_s;
+    // Every phase stops at these ends, taken from the broker's acks, and
+    // must have consumed exactly this many records.
+    let ends = backlog.ends.clone();
 
     eprintln!("(a) bare consumer ...");
     measure::reset_peak_rss();
     let (tc, gb, e2) = (t.clone(), group("bare"), ends.clone());
     let bare = tokio::task::spawn_blocking(move || baselines::bare(&tc, &gb, &e2)).await??;
+    r.counted("bare", bare.records, a.records);
     r.bare_records_per_s = bare.rate();
     r.bare_peak_rss_mib = measure::peak_rss_mib();
 
@@ -207,20 +285,21 @@ async fn run(a: Args) -> Result<(), BoxError> {
         &t,
         &group("direct"),
         &ends,
-        &sink::root_in(&dir, "direct.lance"),
+        &sink::root_in(dir, "direct"),
         a.direct_batch,
     )
     .await?;
+    r.counted("direct", direct.records, a.records);
     r.direct_records_per_s = direct.rate();
     r.direct_batches = direct.batches;
     r.direct_peak_rss_mib = measure::peak_rss_mib();
 
     eprintln!("graphsink over the backlog ...");
-    let gs_root = sink::root_in(&dir, "graph");
+    let gs_root = sink::root_in(dir, "graph");
     let gs_cfg = || {
         measure::graphsink_config(
             &t,
-            &dir,
+            dir,
             &gs_root,
             &group("graphsink"),
             a.buckets,
@@ -233,31 +312,56 @@ async fn run(a: Args) -> Result<(), BoxError> {
     r.graphsink_secs = gs.secs;
     r.graphsink_commits_published = gs.published.seen.len();
     r.graphsink_peak_rss_mib = gs.peak_rss_mib;
-    if gs.records != a.records {
-        r.notes.push(format!(
-            "graphsink consumed {} records, expected {}",
-            gs.records, a.records
-        ));
+    r.graphsink_run_loop = gs.run_loop.clone();
+    // Nothing lost: the graph holds one row per distinct key, and no edge
+    // is left waiting (every endpoint is a backlog node).
+    let (want_nodes, want_edges) = workload::distinct_keys(shape, a.records);
+    r.expected_rows
+        .insert(format!("nodes/{}", workload::NODE), want_nodes);
+    if has_edges {
+        r.expected_rows
+            .insert(format!("edges/{}", workload::EDGE), want_edges);
+        r.expected_rows
+            .insert(format!("_pending/{}", workload::EDGE), 0);
     }
+    {
+        let g = graphsink::graph::Graph::open_readonly(gs_root.clone()).await?;
+        let head = g.head().await?;
+        let rows = graphsink::graph::row_counts(&g, &head).await?;
+        for (table, want) in &r.expected_rows {
+            let got = rows.get(table).copied().unwrap_or(0);
+            r.graph_rows.insert(table.clone(), got);
+            if got != *want {
+                r.count_mismatch = true;
+                r.notes.push(format!(
+                    "COUNT MISMATCH: {table} holds {got} rows, expected {want}"
+                ));
+            }
+        }
+    }
+    r.counted("graphsink", gs.records, a.records);
 
     eprintln!("graphsink with folding off, then one timed fold ...");
     let nf_cfg = measure::graphsink_config(
         &t,
-        &dir,
-        &sink::root_in(&dir, "graph-nofold"),
+        dir,
+        &sink::root_in(dir, "graph-nofold"),
         &group("nofold"),
         a.buckets,
         sink::FOLD_OFF,
     )?;
     // Before the paced phases, so it reads exactly the backlog.
-    let fold = sink::fold_cost(&t, nf_cfg, &ends, every).await?;
+    let nf_path = dir.join(format!("{}.toml", group("nofold")));
+    let fold = sink::fold_cost(&t, nf_cfg, &nf_path, &ends, every, a.fold_in_process).await?;
+    r.counted("graphsink (folding off)", fold.rows, a.records);
     r.graphsink_nofold_records_per_s = fold.ingest_rate;
     r.fold_rows = fold.rows;
-    r.fold_secs = fold.fold_secs;
-    r.fold_rows_per_s = fold.rows as f64 / fold.fold_secs;
-    r.fold_upserted = fold.upserted;
+    r.fold_secs = fold.fold.secs;
+    r.fold_rows_per_s = fold.rows as f64 / fold.fold.secs;
+    r.fold_upserted = fold.fold.upserted;
     r.graphsink_nofold_peak_rss_mib = fold.ingest_peak_rss_mib;
-    r.fold_peak_rss_mib = fold.fold_peak_rss_mib;
+    r.fold_peak_rss_mib = fold.fold.peak_rss_mib;
+    r.fold_start_rss_mib = fold.fold.start_rss_mib;
 
     if a.latency_rate > 0 {
         eprintln!(
@@ -297,6 +401,8 @@ async fn run(a: Args) -> Result<(), BoxError> {
             a.latency_secs,
             every,
             settle,
+            // The backlog, graphsink's primer and its paced records.
+            a.records + 1 + live.records as u64,
         )
         .await?;
         r.bare_durable_ack_latency = Latency::of(bare_ms);
@@ -305,18 +411,15 @@ async fn run(a: Args) -> Result<(), BoxError> {
     r.ratio_graphsink_bare = r.graphsink_records_per_s / r.bare_records_per_s;
     r.ratio_graphsink_direct = r.graphsink_records_per_s / r.direct_records_per_s;
     r.notes.push(format!(
-        "records/s: first fetch → all offsets committed (committed offsets sampled every {} ms); for graphsink the clock starts when RunStats.consumed first moves and counts only the records after that first poll; durable-ack latency: record timestamp → first sample showing its offset committed (resolution {} ms + one OffsetFetch round trip; dominated by offsets.commit_interval, 1s default)",
+        "records/s: first fetch → all offsets committed (committed offsets sampled every {} ms); for graphsink the clock starts when RunStats.consumed first moves and counts only the records after that first poll; durable-ack latency: record timestamp → first sample showing its offset committed (resolution {} ms + one OffsetFetch round trip; bounded below by offsets.commit_interval and wal.flush_interval)",
         a.sample_ms, a.sample_ms
     ));
-    r.notes.push("peak RSS: VmHWM after resetting it (clear_refs 5) at the start of each phase; includes memory the allocator kept from earlier phases and the bench's own samplers".into());
-    r.notes.push("direct load: plain Lance table keyed on sku, no provenance columns, no graph commit; the bare and direct baselines read a backlog that earlier phases may have warmed in the broker".into());
+    r.notes.push("peak RSS: VmHWM after resetting it (clear_refs 5) at the start of each phase; includes memory the allocator kept from earlier phases and the bench's own samplers; the fold runs in a fresh child process, so its peak is its own (start = the child's RSS before folding)".into());
+    r.notes.push("direct load: plain Lance tables keyed on sku (nodes) and the Kafka key (edges), no provenance columns, no endpoint checks, no graph commit; the bare and direct baselines read a backlog that earlier phases may have warmed in the broker".into());
+    r.notes.push("every phase stops at end offsets taken from the producer's acks (not the broker's high watermarks) and is checked to have consumed exactly the produced records".into());
 
-    r.print();
-    if let Some(p) = &a.json {
-        std::fs::write(p, serde_json::to_string_pretty(&r)?)?;
-    }
     drop(broker);
-    Ok(())
+    Ok(r)
 }
 
 fn parse_prop(s: &str) -> Result<(String, String), String> {
@@ -332,4 +435,86 @@ fn humantime_secs(s: &str) -> Duration {
         return Duration::from_millis(ms.parse().unwrap_or(5000));
     }
     Duration::from_secs(s.trim_end_matches('s').parse().unwrap_or(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole bench, small, in the debug build: every phase must count
+    /// exactly the records produced and the graph must hold one row per
+    /// distinct key, with a node/edge mix. Not a timed test: it asserts
+    /// what was measured, never how fast.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_small_mixed_run_counts_every_record_in_every_phase() {
+        let mut argv = vec![
+            "graphsink-bench",
+            "--records",
+            "4000",
+            "--edge-fraction",
+            "0.25",
+            "--partitions",
+            "3",
+            "--latency-rate",
+            "500",
+            "--latency-secs",
+            "2",
+            "--fold-interval",
+            "1s",
+            "--fold-in-process",
+        ];
+        // scripts/test.sh's broker when there is one; else the bench starts
+        // its own tansu (and fails saying how to install it).
+        let broker = std::env::var("GRAPHSINK_TEST_BROKER").ok();
+        if let Some(b) = &broker {
+            argv.extend(["--broker", b.as_str()]);
+        }
+        let a = Args::parse_from(argv);
+        let dir = tempfile::tempdir().unwrap();
+        let r = kafka_phases(&a, dir.path()).await.expect("bench run");
+        assert!(!r.count_mismatch, "{:#?}", r.notes);
+        assert_eq!(r.graph_rows, r.expected_rows);
+        assert_eq!(r.expected_rows.len(), 3, "nodes, edges and pending");
+        assert!(r.expected_rows["edges/Link"] > 0);
+        let lat = r.durable_ack_latency.expect("durable-ack latency measured");
+        assert_eq!(lat.samples, 1000, "every paced record seen committed");
+        assert_eq!(r.graph_visible_unseen, 0);
+        assert!(r.bare_durable_ack_latency.is_some());
+        assert!(r.fold_rows == 4000 && r.fold_upserted > 0);
+    }
+
+    #[test]
+    fn the_mix_spreads_edges_evenly_and_exactly() {
+        let shape = Shape {
+            keys: 100,
+            value_bytes: 100,
+            edge_fraction: 0.3,
+            edge_keys: 10,
+            endpoints: 70,
+        };
+        let kinds: Vec<_> = (0..1000).map(|i| workload::kind_of(shape, i)).collect();
+        let edges = kinds
+            .iter()
+            .filter(|(k, _)| *k == workload::Kind::Edge)
+            .count() as u64;
+        assert_eq!(edges, shape.edges_in(1000));
+        // Indices within a kind count up from 0 without gaps.
+        for kind in [workload::Kind::Node, workload::Kind::Edge] {
+            let idx: Vec<u64> = kinds
+                .iter()
+                .filter(|(k, _)| *k == kind)
+                .map(|(_, i)| *i)
+                .collect();
+            assert!(idx.iter().enumerate().all(|(n, i)| *i == n as u64));
+        }
+        // Any 10 consecutive records hold 3 edges.
+        for w in kinds.windows(10) {
+            let e = w.iter().filter(|(k, _)| *k == workload::Kind::Edge).count();
+            assert_eq!(e, 3);
+        }
+        let (_, v) = workload::edge_record(shape, 1, 5);
+        let v: serde_json::Value = serde_json::from_str(&v).unwrap();
+        assert!(v["src"].as_str().unwrap().starts_with('k'));
+        assert_eq!(workload::node_record(shape, 1, 5).1.len(), 100);
+    }
 }

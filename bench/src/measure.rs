@@ -17,6 +17,7 @@ use graphsink::graph::GraphCommit;
 use graphsink::RunStats;
 
 use crate::broker::BoxError;
+use crate::workload::Topics;
 
 /// Wall clock in fractional milliseconds since the epoch: the unit of Kafka
 /// record timestamps, so latencies are plain differences.
@@ -27,33 +28,23 @@ pub fn now_ms() -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// What every phase shares: the broker, the topic and its end offsets.
+/// What every phase shares: the broker and the workload's topics.
 #[derive(Clone)]
 pub struct Target {
     pub bootstrap: String,
-    pub topic: String,
-    pub partitions: i32,
+    pub topics: Topics,
     /// Extra librdkafka properties for every measured consumer (graphsink
     /// and both baselines alike), e.g. `fetch.wait.max.ms`.
     pub consumer_props: Vec<(String, String)>,
     /// Offset commit cadence of graphsink (`offsets.commit_interval`) and
     /// of the bare loop alike.
     pub commit_every: std::time::Duration,
+    /// graphsink's `wal.flush_interval`.
+    pub wal_flush: std::time::Duration,
 }
 
-impl Target {
-    pub fn end_offsets(&self) -> Result<Vec<i64>, BoxError> {
-        let c: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
-            .create()?;
-        (0..self.partitions)
-            .map(|p| {
-                Ok(c.fetch_watermarks(&self.topic, p, Duration::from_secs(10))?
-                    .1)
-            })
-            .collect()
-    }
-}
+/// (time ms, committed offset per slot), in time order.
+pub type Samples = Vec<(f64, Vec<i64>)>;
 
 /// Polls the group's committed offsets (OffsetFetch, like `kafka-consumer-
 /// groups --describe`) every `every` on its own thread. Its resolution is
@@ -62,7 +53,7 @@ impl Target {
 pub struct CommitSampler {
     stop: Arc<AtomicBool>,
     latest: Arc<Mutex<Vec<i64>>>,
-    thread: Option<std::thread::JoinHandle<Result<Vec<(f64, Vec<i64>)>, String>>>,
+    thread: Option<std::thread::JoinHandle<Result<Samples, String>>>,
 }
 
 impl CommitSampler {
@@ -73,12 +64,15 @@ impl CommitSampler {
             .set("enable.auto.commit", "false")
             .create()?;
         let mut tpl = TopicPartitionList::new();
-        for p in 0..t.partitions {
-            tpl.add_partition(&t.topic, p);
+        for topic in t.topics.names() {
+            for p in 0..t.topics.partitions {
+                tpl.add_partition(topic, p);
+            }
         }
+        let topics = t.topics.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let n = t.partitions as usize;
+        let n = t.topics.slots();
         let latest = Arc::new(Mutex::new(vec![0i64; n]));
         let shared = latest.clone();
         // Never subscribes, so it never joins the group it watches.
@@ -91,8 +85,10 @@ impl CommitSampler {
                 let t = now_ms();
                 let mut row = vec![0i64; n];
                 for e in got.elements() {
-                    if let Offset::Offset(o) = e.offset() {
-                        row[e.partition() as usize] = o;
+                    if let (Offset::Offset(o), Some(slot)) =
+                        (e.offset(), topics.slot(e.topic(), e.partition()))
+                    {
+                        row[slot] = o;
                     }
                 }
                 shared.lock().unwrap().clone_from(&row);
@@ -126,7 +122,7 @@ impl Drop for CommitSampler {
     }
 }
 
-/// First sample at which every partition's committed offset reached `ends`.
+/// First sample at which every slot's committed offset reached `ends`.
 pub fn all_committed_at(samples: &[(f64, Vec<i64>)], ends: &[i64]) -> Option<f64> {
     samples
         .iter()
@@ -135,13 +131,13 @@ pub fn all_committed_at(samples: &[(f64, Vec<i64>)], ends: &[i64]) -> Option<f64
 }
 
 /// Per record: when its offset was first seen committed (`None`: never).
-pub fn commit_latencies(samples: &[(f64, Vec<i64>)], records: &[(i32, i64, i64)]) -> Vec<f64> {
+pub fn commit_latencies(samples: &[(f64, Vec<i64>)], records: &[(usize, i64, i64)]) -> Vec<f64> {
     records
         .iter()
-        .filter_map(|&(p, off, ts)| {
+        .filter_map(|&(slot, off, ts)| {
             // Samples are in time order and committed offsets only grow, so
             // the first sample past `off` is found by binary search.
-            let i = samples.partition_point(|(_, row)| row[p as usize] <= off);
+            let i = samples.partition_point(|(_, row)| row[slot] <= off);
             samples.get(i).map(|(t, _)| t - ts as f64)
         })
         .collect()
@@ -199,12 +195,13 @@ pub fn watch_published(
 /// Per record: the first seen commit at or after which it is in the graph.
 pub fn visible_latencies(
     published: &Published,
-    topic: &str,
-    records: &[(i32, i64, i64)],
+    topics: &Topics,
+    records: &[(usize, i64, i64)],
 ) -> (Vec<f64>, usize) {
     let mut out = Vec::with_capacity(records.len());
     let mut unseen = 0;
-    for &(p, off, ts) in records {
+    for &(slot, off, ts) in records {
+        let (topic, p) = topics.at(slot);
         let mut found = None;
         // A missed commit's ranges are not in `seen`; a later one covering
         // higher offsets of the partition also proves visibility (commits
@@ -245,8 +242,17 @@ pub fn reset_peak_rss() {
 
 /// VmHWM in MiB.
 pub fn peak_rss_mib() -> Option<f64> {
+    status_mib("VmHWM:")
+}
+
+/// VmRSS in MiB.
+pub fn rss_mib() -> Option<f64> {
+    status_mib("VmRSS:")
+}
+
+fn status_mib(field: &str) -> Option<f64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
 }
@@ -275,6 +281,7 @@ actor = "graphsink-bench"
 
 [wal]
 buckets = {buckets}
+flush_interval = "{flush_ms}ms"
 
 [offsets]
 commit_interval = "{commit_ms}ms"
@@ -286,16 +293,26 @@ commit_interval = "{commit_ms}ms"
 topic = "{topic}"
 node = "{node}"
 key = "value"
+{edges}
 "#,
         bs = t.bootstrap,
         commit_ms = t.commit_every.as_millis(),
-        topic = t.topic,
+        flush_ms = t.wal_flush.as_millis(),
+        topic = t.topics.nodes,
         node = crate::workload::NODE,
+        // Edge ids are the Kafka key; endpoints that are not folded yet wait
+        // (the default `defer`), as in production.
+        edges = t.topics.edges.as_ref().map_or(String::new(), |e| format!(
+            "[[mapping]]\ntopic = \"{e}\"\nedge = \"{}\"\nkey = \"kafka\"\n",
+            crate::workload::EDGE
+        )),
         extra = t
             .consumer_props
             .iter()
             .map(|(k, v)| format!("{k:?} = {v:?}\n"))
             .collect::<String>(),
     );
+    // Kept beside the graph, so the fold can run in a child process from it.
+    std::fs::write(dir.join(format!("{group}.toml")), &text)?;
     Ok(graphsink::Config::from_toml(&text, dir)?)
 }

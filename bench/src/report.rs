@@ -34,9 +34,11 @@ pub struct Report {
     pub graphsink_timed_records: u64,
     pub graphsink_commits_published: usize,
     pub graphsink_peak_rss_mib: Option<f64>,
+    pub graphsink_run_loop: crate::sink::LoopTimes,
     pub graphsink_nofold_records_per_s: f64,
     pub graphsink_nofold_peak_rss_mib: Option<f64>,
     pub fold_peak_rss_mib: Option<f64>,
+    pub fold_start_rss_mib: Option<f64>,
     pub bare_records_per_s: f64,
     pub bare_peak_rss_mib: Option<f64>,
     pub direct_records_per_s: f64,
@@ -56,7 +58,26 @@ pub struct Report {
     pub fold_secs: f64,
     pub fold_rows_per_s: f64,
     pub fold_upserted: u64,
+    /// A phase consumed a different number of records than were produced:
+    /// its rate is not comparable.
+    pub count_mismatch: bool,
+    /// Rows in the graph after the backlog run, per table, and what the
+    /// workload says they must be (distinct node keys, distinct edge ids).
+    pub graph_rows: std::collections::BTreeMap<String, usize>,
+    pub expected_rows: std::collections::BTreeMap<String, usize>,
     pub notes: Vec<String>,
+}
+
+impl Report {
+    /// Checks a phase's record count against what was produced.
+    pub fn counted(&mut self, phase: &str, got: u64, produced: u64) {
+        if got != produced {
+            self.count_mismatch = true;
+            self.notes.push(format!(
+                "COUNT MISMATCH: {phase} consumed {got} records, {produced} were produced"
+            ));
+        }
+    }
 }
 
 fn lat(l: &Option<Latency>) -> String {
@@ -112,6 +133,11 @@ impl Report {
             "  ({} records timed in {:.2} s, {} graph commits published)",
             self.graphsink_timed_records, self.graphsink_secs, self.graphsink_commits_published
         );
+        let l = &self.graphsink_run_loop;
+        println!(
+            "  (run loop: {} polls of {:.0} records; in polls {:.2} s, of which decode {:.2} s, puts {:.2} s)",
+            l.polls, l.records_per_poll, l.poll_secs, l.decode_secs, l.put_secs
+        );
         row(
             "graphsink, folding off",
             self.graphsink_nofold_records_per_s,
@@ -132,17 +158,25 @@ impl Report {
         println!("  (paced {} records/s, {} records; {} never seen visible; {} published commits missed by the watch)",
             self.latency_rate_records_per_s, self.latency_records, self.graph_visible_unseen, self.published_missed);
         println!(
-            "fold                    {} rows in {:.2} s = {:.0} rows/s ({} upserted), peak RSS {}",
+            "fold                    {} rows in {:.2} s = {:.0} rows/s ({} upserted), peak RSS {} (child process, {} before the fold)",
             self.fold_rows,
             self.fold_secs,
             self.fold_rows_per_s,
             self.fold_upserted,
-            rss(self.fold_peak_rss_mib)
+            rss(self.fold_peak_rss_mib),
+            rss(self.fold_start_rss_mib)
         );
         println!(
             "producer (not measured) {:.0} records/s",
             self.produce_records_per_s
         );
+        println!(
+            "graph rows after the backlog {:?} (expected {:?})",
+            self.graph_rows, self.expected_rows
+        );
+        if self.count_mismatch {
+            println!("WARNING: a phase's record count differs from the produced count; see notes");
+        }
         for n in &self.notes {
             println!("note: {n}");
         }

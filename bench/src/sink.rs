@@ -24,6 +24,33 @@ pub struct BacklogRun {
     pub secs: f64,
     pub published: Published,
     pub peak_rss_mib: Option<f64>,
+    pub run_loop: LoopTimes,
+}
+
+/// Where graphsink's run loop spent the run (from `RunStats`).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct LoopTimes {
+    pub polls: u64,
+    pub records_per_poll: f64,
+    /// In polls, in all (batching + decode + puts).
+    pub poll_secs: f64,
+    pub decode_secs: f64,
+    /// Handing rows to the shard writers (memtable inserts).
+    pub put_secs: f64,
+}
+
+impl LoopTimes {
+    fn of(stats: &RunStats) -> LoopTimes {
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let polls = get(&stats.polls);
+        LoopTimes {
+            polls,
+            records_per_poll: get(&stats.consumed) as f64 / polls.max(1) as f64,
+            poll_secs: get(&stats.poll_ns) as f64 / 1e9,
+            decode_secs: get(&stats.decode_ns) as f64 / 1e9,
+            put_secs: get(&stats.put_ns) as f64 / 1e9,
+        }
+    }
 }
 
 /// Runs with `exit_at_end` over the pre-produced backlog; the clock runs
@@ -62,6 +89,7 @@ pub async fn backlog(
         secs: (end - first) / 1e3,
         published,
         peak_rss_mib,
+        run_loop: LoopTimes::of(&stats),
     })
 }
 
@@ -101,10 +129,11 @@ pub async fn live(
 
     // A primer record proves the group has joined and the pipeline runs, so
     // the join time does not land in the first records' latency.
-    let (p, _) = workload::producer(&t.bootstrap, false)?;
-    let (k, v) = workload::record(shape, 0xbeef, 0);
-    workload::send(&p, &t.topic, &k, &v, None)?;
-    rdkafka::producer::Producer::flush(&p, Duration::from_secs(10))?;
+    {
+        let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
+        tokio::task::spawn_blocking(move || workload::produce_one(&bs, &topics, shape, 0xbeef))
+            .await??;
+    }
     let deadline = Instant::now() + Duration::from_secs(90);
     while stats.durable.load(Ordering::Relaxed) == 0 {
         if run.is_finished() || Instant::now() > deadline {
@@ -116,22 +145,15 @@ pub async fn live(
     }
 
     let sampler = CommitSampler::start(t, &group, every)?;
-    let (bs, topic) = (t.bootstrap.clone(), t.topic.clone());
-    let recs = tokio::task::spawn_blocking(move || {
-        workload::produce_paced(&bs, &topic, shape, rate, secs, 0)
-    })
-    .await??;
-    let mut ends = vec![0i64; t.partitions as usize];
-    for &(p, off, _) in &recs {
-        ends[p as usize] = ends[p as usize].max(off + 1);
-    }
+    let recs = paced(t, shape, rate, secs, 0x1a7e).await?;
+    let ends = ends_of(t, &recs);
     // Wait (bounded) until every record is committed and visible, so the
     // tail of the run is measured rather than cut off by the shutdown.
     let deadline = Instant::now() + settle;
     while Instant::now() < deadline {
         let committed = sampler.latest().iter().zip(&ends).all(|(c, e)| c >= e);
         let visible =
-            measure::visible_latencies(&published.lock().unwrap(), &t.topic, &recs).1 == 0;
+            measure::visible_latencies(&published.lock().unwrap(), &t.topics, &recs).1 == 0;
         if committed && visible {
             break;
         }
@@ -143,7 +165,7 @@ pub async fn live(
     let samples = sampler.finish()?;
     let published = published.lock().unwrap().clone();
     let durable_ms = measure::commit_latencies(&samples, &recs);
-    let (visible_ms, unseen) = measure::visible_latencies(&published, &t.topic, &recs);
+    let (visible_ms, unseen) = measure::visible_latencies(&published, &t.topics, &recs);
     Ok(LiveRun {
         durable_ms,
         visible_ms,
@@ -156,44 +178,81 @@ pub async fn live(
 pub struct FoldRun {
     pub ingest_rate: f64,
     pub ingest_peak_rss_mib: Option<f64>,
-    pub fold_peak_rss_mib: Option<f64>,
     pub rows: u64,
-    pub fold_secs: f64,
+    pub fold: FoldCost,
+}
+
+/// One offline fold, timed in a fresh process (`--fold-config`), so its
+/// peak RSS is the fold's own and not memory the allocator kept from the
+/// ingest phases.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct FoldCost {
+    pub secs: f64,
     pub upserted: u64,
+    pub peak_rss_mib: Option<f64>,
+    /// RSS of the child before the fold started (the binary and runtime).
+    pub start_rss_mib: Option<f64>,
 }
 
 /// Ingests the backlog into a fresh graph with folding off (so the WAL
-/// holds every record), then times one `fold_offline` of all of it. The
-/// fold time includes claiming the shards (an empty WAL replay after the
-/// clean close), reading the flushed generations and the merge-insert.
+/// holds every record), then times one `fold_offline` of all of it in a
+/// child process. The fold time includes claiming the shards (an empty WAL
+/// replay after the clean close), reading the flushed generations and the
+/// merge-insert.
 pub async fn fold_cost(
     t: &Target,
     cfg: Config,
+    config_path: &Path,
     ends: &[i64],
     every: Duration,
+    in_process: bool,
 ) -> Result<FoldRun, BoxError> {
-    let wal = cfg.wal.clone();
-    let schema_path = cfg.schema_path();
-    let cfg2 = cfg.clone();
     let ingest = backlog(t, cfg, ends, every).await?;
-    let graph = graphsink::graph::Graph::open_or_init(
-        &cfg2,
-        graphsink::schema::GraphSchema::load(&schema_path)?,
-    )
-    .await?;
-    measure::reset_peak_rss();
-    let start = Instant::now();
-    let commit = graphsink::fold::fold_offline(&graph, &wal, "graphsink-bench").await?;
-    let fold_secs = start.elapsed().as_secs_f64();
-    let fold_peak_rss_mib = measure::peak_rss_mib();
-    let upserted = commit.map_or(0, |c| c.stats.values().map(|s| s.upserted).sum());
+    if in_process {
+        return Ok(FoldRun {
+            ingest_rate: ingest.timed_records as f64 / ingest.secs,
+            ingest_peak_rss_mib: ingest.peak_rss_mib,
+            rows: ingest.records,
+            fold: fold_child(config_path).await?,
+        });
+    }
+    let out = tokio::process::Command::new(std::env::current_exe()?)
+        .arg("--fold-config")
+        .arg(config_path)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(format!("the fold child failed: {}", out.status).into());
+    }
+    let fold: FoldCost = serde_json::from_slice(&out.stdout)?;
     Ok(FoldRun {
         ingest_rate: ingest.timed_records as f64 / ingest.secs,
         ingest_peak_rss_mib: ingest.peak_rss_mib,
-        fold_peak_rss_mib,
         rows: ingest.records,
-        fold_secs,
-        upserted,
+        fold,
+    })
+}
+
+/// The child's side of `fold_cost`: one `fold_offline` of the graph the
+/// config names.
+pub async fn fold_child(config_path: &Path) -> Result<FoldCost, BoxError> {
+    let cfg = Config::load(config_path)?;
+    let graph = graphsink::graph::Graph::open_or_init(
+        &cfg,
+        graphsink::schema::GraphSchema::load(&cfg.schema_path())?,
+    )
+    .await?;
+    let start_rss_mib = measure::rss_mib();
+    measure::reset_peak_rss();
+    let start = Instant::now();
+    let commit = graphsink::fold::fold_offline(&graph, &cfg.wal, "graphsink-bench").await?;
+    let secs = start.elapsed().as_secs_f64();
+    Ok(FoldCost {
+        secs,
+        upserted: commit.map_or(0, |c| c.stats.values().map(|s| s.upserted).sum()),
+        peak_rss_mib: measure::peak_rss_mib(),
+        start_rss_mib,
     })
 }
 
@@ -209,9 +268,35 @@ pub fn root_in(dir: &Path, name: &str) -> String {
     dir.join(name).to_string_lossy().into_owned()
 }
 
+async fn paced(
+    t: &Target,
+    shape: Shape,
+    rate: u64,
+    secs: u64,
+    seed: u64,
+) -> Result<Vec<(usize, i64, i64)>, BoxError> {
+    let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
+    tokio::task::spawn_blocking(move || {
+        workload::produce_paced(&bs, &topics, shape, rate, secs, seed)
+    })
+    .await?
+}
+
+/// End offset per slot of a set of delivered records.
+fn ends_of(t: &Target, recs: &[(usize, i64, i64)]) -> Vec<i64> {
+    let mut ends = vec![0i64; t.topics.slots()];
+    for &(slot, off, _) in recs {
+        ends[slot] = ends[slot].max(off + 1);
+    }
+    ends
+}
+
 /// The bare consumer under the same paced producer: its durable-ack
-/// latency is what the broker, librdkafka and a 1 s commit cadence cost by
-/// themselves, the floor under graphsink's figure.
+/// latency is what the broker, librdkafka and the commit cadence cost by
+/// themselves, the floor under graphsink's figure. `on_topics` is how many
+/// records the topics hold before its primer (it reads from the earliest
+/// offset, so it has joined and caught up once it has seen them all).
+#[allow(clippy::too_many_arguments)]
 pub async fn bare_live(
     t: &Target,
     group: &str,
@@ -220,6 +305,7 @@ pub async fn bare_live(
     secs: u64,
     every: Duration,
     settle: Duration,
+    on_topics: u64,
 ) -> Result<Vec<f64>, BoxError> {
     use std::sync::atomic::{AtomicBool, AtomicU64};
     let seen = Arc::new(AtomicU64::new(0));
@@ -228,15 +314,16 @@ pub async fn bare_live(
     let run = tokio::task::spawn_blocking(move || {
         crate::baselines::bare_loop(&tc, &g, &s2, &|_| st2.load(Ordering::Relaxed))
     });
-    let (p, _) = workload::producer(&t.bootstrap, false)?;
-    let (k, v) = workload::record(shape, 0xbeef, 1);
-    workload::send(&p, &t.topic, &k, &v, None)?;
-    rdkafka::producer::Producer::flush(&p, Duration::from_secs(10))?;
-    // It starts at the earliest offset, so "joined" = it has caught up
-    // with what is on the topic now.
-    let total: i64 = t.end_offsets()?.iter().sum();
+    {
+        let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
+        tokio::task::spawn_blocking(move || workload::produce_one(&bs, &topics, shape, 0xbee2))
+            .await??;
+    }
+    // Counted, not read off the high watermarks (too small on tansu when
+    // producers batch).
+    let total = on_topics + 1;
     let deadline = Instant::now() + Duration::from_secs(120);
-    while (seen.load(Ordering::Relaxed) as i64) < total {
+    while seen.load(Ordering::Relaxed) < total {
         if run.is_finished() || Instant::now() > deadline {
             stop.store(true, Ordering::Relaxed);
             run.await??;
@@ -245,15 +332,8 @@ pub async fn bare_live(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let sampler = CommitSampler::start(t, group, every)?;
-    let (bs, topic) = (t.bootstrap.clone(), t.topic.clone());
-    let recs = tokio::task::spawn_blocking(move || {
-        workload::produce_paced(&bs, &topic, shape, rate, secs, 1 << 40)
-    })
-    .await??;
-    let mut ends = vec![0i64; t.partitions as usize];
-    for &(p, off, _) in &recs {
-        ends[p as usize] = ends[p as usize].max(off + 1);
-    }
+    let recs = paced(t, shape, rate, secs, 0xba2e).await?;
+    let ends = ends_of(t, &recs);
     let deadline = Instant::now() + settle;
     while Instant::now() < deadline && !sampler.latest().iter().zip(&ends).all(|(c, e)| c >= e) {
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -1,5 +1,6 @@
-//! The workload: deterministic node records (`Item`), produced to the topic
-//! before anything is measured, plus a paced producer for the latency phase.
+//! The workload: deterministic node records (`Item`) and, in a node/edge
+//! mix, edge records (`Link`) on a second topic, produced before anything is
+//! measured, plus a paced producer for the latency phase.
 //! Owns record generation and producing; measures nothing itself.
 
 use std::sync::{Arc, Mutex};
@@ -13,73 +14,242 @@ use rdkafka::ClientContext;
 
 use crate::broker::BoxError;
 
-/// The graph schema the bench writes: one node type, keyed by `sku`.
-/// `pad` carries the bulk of `--value-bytes`.
-pub const SCHEMA: &str = "node Item {\n    sku: String @key\n    seq: I64\n    pad: String\n}\n";
+/// The graph schema the bench writes: one node type keyed by `sku`, and one
+/// edge type between its nodes. `pad` carries the bulk of `--value-bytes`.
+pub const SCHEMA: &str = "node Item {\n    sku: String @key\n    seq: I64\n    pad: String\n}\nedge Link: Item -> Item {\n    seq: I64\n    pad: String\n}\n";
 pub const NODE: &str = "Item";
+pub const EDGE: &str = "Link";
+/// The seed of the backlog's node records: edges point at these.
+pub const BACKLOG_SEED: u64 = 0x5eed;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
+    /// Node key space (distinct `sku`s).
     pub keys: u64,
     pub value_bytes: usize,
+    /// Fraction of records that are edges (0 = nodes only).
+    pub edge_fraction: f64,
+    /// Edge id space (distinct Kafka keys of edge records).
+    pub edge_keys: u64,
+    /// Edges point at node records `0..endpoints` of the backlog, so every
+    /// endpoint exists once the backlog's nodes are folded.
+    pub endpoints: u64,
 }
 
-/// Record `i`'s key and JSON value. Keys are drawn pseudo-randomly from the
-/// key space (a fixed-seed xorshift), so with `keys < records` the same key
-/// is updated many times in random order, as in a real change stream.
-pub fn record(shape: Shape, seed: u64, i: u64) -> (String, String) {
+impl Shape {
+    pub fn nodes_only(keys: u64, value_bytes: usize) -> Shape {
+        Shape {
+            keys,
+            value_bytes,
+            edge_fraction: 0.0,
+            edge_keys: 1,
+            endpoints: 1,
+        }
+    }
+
+    /// How many of records `0..records` are edges.
+    pub fn edges_in(&self, records: u64) -> u64 {
+        edges_before(*self, records)
+    }
+}
+
+/// Which topic a record goes to: the node topic or the edge topic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Node = 0,
+    Edge = 1,
+}
+
+/// Edges among records `0..i`: ⌊i·f⌋, in integer parts per million so the
+/// count is exact.
+fn edges_before(shape: Shape, i: u64) -> u64 {
+    let ppm = (shape.edge_fraction * 1e6).round() as u128;
+    (i as u128 * ppm / 1_000_000) as u64
+}
+
+/// The kind of record `i` of a stream: edges spread evenly among nodes
+/// (record i is an edge when ⌊(i+1)·f⌋ > ⌊i·f⌋), plus the index of the
+/// record within its kind.
+pub fn kind_of(shape: Shape, i: u64) -> (Kind, u64) {
+    let before = edges_before(shape, i);
+    if edges_before(shape, i + 1) > before {
+        (Kind::Edge, before)
+    } else {
+        (Kind::Node, i - before)
+    }
+}
+
+fn mix(seed: u64, i: u64) -> u64 {
     let mut x = (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed;
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    let sku = format!("k{:010}", x % shape.keys.max(1));
-    let head = format!("{{\"sku\":\"{sku}\",\"seq\":{i},\"pad\":\"");
-    let pad = shape.value_bytes.saturating_sub(head.len() + 2);
-    let value = format!("{head}{}\"}}", "x".repeat(pad));
-    (sku, value)
+    x
 }
 
-/// Remembers (partition, offset, timestamp ms) of every delivered record,
-/// so latencies can be taken per record later.
-#[derive(Default)]
+fn sku(shape: Shape, seed: u64, n: u64) -> String {
+    format!("k{:010}", mix(seed, n) % shape.keys.max(1))
+}
+
+fn padded(head: String, value_bytes: usize) -> String {
+    let pad = value_bytes.saturating_sub(head.len() + 2);
+    format!("{head}{}\"}}", "x".repeat(pad))
+}
+
+/// Node record `n`'s key and JSON value. Keys are drawn pseudo-randomly from
+/// the key space (a fixed-seed xorshift), so with `keys < records` the same
+/// key is updated many times in random order, as in a real change stream.
+pub fn node_record(shape: Shape, seed: u64, n: u64) -> (String, String) {
+    let sku = sku(shape, seed, n);
+    let head = format!("{{\"sku\":\"{sku}\",\"seq\":{n},\"pad\":\"");
+    (sku.clone(), padded(head, shape.value_bytes))
+}
+
+/// Edge record `m`: the Kafka key is the edge id (drawn from the edge id
+/// space, so ids are updated too), and both endpoints are skus of backlog
+/// node records.
+pub fn edge_record(shape: Shape, seed: u64, m: u64) -> (String, String) {
+    let id = format!("e{:010}", mix(seed ^ 0xed9e, m) % shape.edge_keys.max(1));
+    let pool = shape.endpoints.max(1);
+    let src = sku(shape, BACKLOG_SEED, mix(seed, 2 * m) % pool);
+    let dst = sku(shape, BACKLOG_SEED, mix(seed, 2 * m + 1) % pool);
+    let head = format!("{{\"src\":\"{src}\",\"dst\":\"{dst}\",\"seq\":{m},\"pad\":\"");
+    (id, padded(head, shape.value_bytes))
+}
+
+/// Record `i` of a stream: its kind, key and value.
+pub fn record(shape: Shape, seed: u64, i: u64) -> (Kind, String, String) {
+    match kind_of(shape, i) {
+        (Kind::Node, n) => {
+            let (k, v) = node_record(shape, seed, n);
+            (Kind::Node, k, v)
+        }
+        (Kind::Edge, m) => {
+            let (k, v) = edge_record(shape, seed, m);
+            (Kind::Edge, k, v)
+        }
+    }
+}
+
+/// Distinct node keys and edge ids among `records` backlog records: the
+/// rows the graph must hold once they are all folded.
+pub fn distinct_keys(shape: Shape, records: u64) -> (usize, usize) {
+    let (mut nodes, mut edges) = (
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+    );
+    for i in 0..records {
+        match record(shape, BACKLOG_SEED, i) {
+            (Kind::Node, k, _) => nodes.insert(k),
+            (Kind::Edge, k, _) => edges.insert(k),
+        };
+    }
+    (nodes.len(), edges.len())
+}
+
+/// The workload's topics: nodes, and edges when the mix has any. Offsets of
+/// all of them are kept in one vector indexed by *slot* (topic index ×
+/// partitions + partition), so every phase compares like with like.
+#[derive(Clone, Debug)]
+pub struct Topics {
+    pub nodes: String,
+    pub edges: Option<String>,
+    pub partitions: i32,
+}
+
+impl Topics {
+    pub fn names(&self) -> Vec<&str> {
+        std::iter::once(self.nodes.as_str())
+            .chain(self.edges.as_deref())
+            .collect()
+    }
+
+    pub fn of(&self, k: Kind) -> &str {
+        match k {
+            Kind::Node => &self.nodes,
+            Kind::Edge => self.edges.as_deref().expect("edge topic in an edge mix"),
+        }
+    }
+
+    pub fn slots(&self) -> usize {
+        self.names().len() * self.partitions as usize
+    }
+
+    pub fn slot(&self, topic: &str, partition: i32) -> Option<usize> {
+        let t = self.names().iter().position(|n| *n == topic)?;
+        Some(t * self.partitions as usize + partition as usize)
+    }
+
+    /// (topic, partition) of a slot.
+    pub fn at(&self, slot: usize) -> (&str, i32) {
+        let p = self.partitions as usize;
+        (self.names()[slot / p], (slot % p) as i32)
+    }
+}
+
+/// What the broker acknowledged: the end offset per slot (highest acked
+/// offset + 1: the stop condition of every phase, exact where tansu's high
+/// watermarks are not), and, when recording, (slot, offset, timestamp ms)
+/// per record so latencies can be taken per record later.
 pub struct Deliveries {
-    pub acked: Mutex<Vec<(i32, i64, i64)>>,
+    pub ends: Mutex<Vec<i64>>,
+    pub delivered: Mutex<u64>,
+    pub acked: Mutex<Vec<(usize, i64, i64)>>,
     pub failed: Mutex<u64>,
 }
 
-pub struct Recorder(pub Arc<Deliveries>, pub bool);
+pub struct Recorder {
+    pub d: Arc<Deliveries>,
+    pub topics: Topics,
+    pub record: bool,
+}
 
 impl ClientContext for Recorder {}
 impl ProducerContext for Recorder {
     type DeliveryOpaque = ();
     fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
         match r {
-            Ok(m) if self.1 => {
-                let ts = m.timestamp().to_millis().unwrap_or(0);
-                self.0
-                    .acked
-                    .lock()
-                    .unwrap()
-                    .push((m.partition(), m.offset(), ts));
+            Ok(m) => {
+                let Some(slot) = self.topics.slot(m.topic(), m.partition()) else {
+                    return;
+                };
+                {
+                    let mut ends = self.d.ends.lock().unwrap();
+                    ends[slot] = ends[slot].max(m.offset() + 1);
+                }
+                *self.d.delivered.lock().unwrap() += 1;
+                if self.record {
+                    let ts = m.timestamp().to_millis().unwrap_or(0);
+                    self.d.acked.lock().unwrap().push((slot, m.offset(), ts));
+                }
             }
-            Ok(_) => {}
-            Err(_) => *self.0.failed.lock().unwrap() += 1,
+            Err(_) => *self.d.failed.lock().unwrap() += 1,
         }
     }
 }
 
 pub fn producer(
     bootstrap: &str,
+    topics: &Topics,
     record: bool,
 ) -> Result<(BaseProducer<Recorder>, Arc<Deliveries>), BoxError> {
-    let d = Arc::new(Deliveries::default());
+    let d = Arc::new(Deliveries {
+        ends: Mutex::new(vec![0; topics.slots()]),
+        delivered: Mutex::new(0),
+        acked: Mutex::new(Vec::new()),
+        failed: Mutex::new(0),
+    });
     let p = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("acks", "all")
         .set("linger.ms", "5")
         .set("batch.num.messages", "10000")
         .set("queue.buffering.max.messages", "500000")
-        .create_with_context(Recorder(d.clone(), record))?;
+        .create_with_context(Recorder {
+            d: d.clone(),
+            topics: topics.clone(),
+            record,
+        })?;
     Ok((p, d))
 }
 
@@ -106,52 +276,86 @@ pub fn send(
     }
 }
 
-/// Produces the whole backlog and waits for every delivery. Returns records/s.
+/// Waits for every delivery; fails if any record was refused.
+fn finish(p: &BaseProducer<Recorder>, d: &Deliveries, sent: u64) -> Result<(), BoxError> {
+    p.flush(Duration::from_secs(120))?;
+    let failed = *d.failed.lock().unwrap();
+    let delivered = *d.delivered.lock().unwrap();
+    if failed > 0 || delivered != sent {
+        return Err(
+            format!("{failed} records failed to produce, {delivered} of {sent} acked").into(),
+        );
+    }
+    Ok(())
+}
+
+pub struct Backlog {
+    pub records_per_s: f64,
+    /// End offset per slot, from the broker's acks.
+    pub ends: Vec<i64>,
+}
+
+/// Produces the whole backlog (node and edge records interleaved as the
+/// shape says) and waits for every delivery.
 pub fn produce_backlog(
     bootstrap: &str,
-    topic: &str,
+    topics: &Topics,
     shape: Shape,
     records: u64,
-) -> Result<f64, BoxError> {
-    let (p, d) = producer(bootstrap, false)?;
+) -> Result<Backlog, BoxError> {
+    let (p, d) = producer(bootstrap, topics, false)?;
     let start = Instant::now();
     for i in 0..records {
-        let (k, v) = record(shape, 0x5eed, i);
-        send(&p, topic, &k, &v, None)?;
+        let (kind, k, v) = record(shape, BACKLOG_SEED, i);
+        send(&p, topics.of(kind), &k, &v, None)?;
         if i % 1000 == 0 {
             p.poll(Duration::ZERO);
         }
     }
-    p.flush(Duration::from_secs(120))?;
-    let failed = *d.failed.lock().unwrap();
-    if failed > 0 {
-        return Err(format!("{failed} records failed to produce").into());
-    }
-    Ok(records as f64 / start.elapsed().as_secs_f64())
+    finish(&p, &d, records)?;
+    let ends = d.ends.lock().unwrap().clone();
+    Ok(Backlog {
+        records_per_s: records as f64 / start.elapsed().as_secs_f64(),
+        ends,
+    })
 }
 
-/// Produces `rate` records/s for `secs` seconds, each stamped with the wall
-/// clock at send time, in 10 ms ticks (so "record timestamp" is when the
-/// record entered the system, not when a backlog was written). Blocking;
-/// run it on its own thread. Returns every delivered record.
+/// Produces one record now (the primer that proves a consumer has joined).
+pub fn produce_one(
+    bootstrap: &str,
+    topics: &Topics,
+    shape: Shape,
+    seed: u64,
+) -> Result<(), BoxError> {
+    let (p, d) = producer(bootstrap, topics, false)?;
+    let (k, v) = node_record(shape, seed, 0);
+    send(&p, &topics.nodes, &k, &v, None)?;
+    finish(&p, &d, 1)
+}
+
+/// Produces `rate` records/s for `secs` seconds (the same node/edge mix),
+/// each stamped with the wall clock at send time, in 10 ms ticks (so
+/// "record timestamp" is when the record entered the system, not when a
+/// backlog was written). Blocking; run it on its own thread. Returns every
+/// delivered record as (slot, offset, timestamp ms).
 pub fn produce_paced(
     bootstrap: &str,
-    topic: &str,
+    topics: &Topics,
     shape: Shape,
     rate: u64,
     secs: u64,
-    first: u64,
-) -> Result<Vec<(i32, i64, i64)>, BoxError> {
-    let (p, d) = producer(bootstrap, true)?;
+    seed: u64,
+) -> Result<Vec<(usize, i64, i64)>, BoxError> {
+    let (p, d) = producer(bootstrap, topics, true)?;
     let tick = Duration::from_millis(10);
     let per_tick = (rate / 100).max(1);
     let start = Instant::now();
-    let mut i = first;
+    let mut i = 0;
     for n in 0..(secs * 100) {
         let now = chrono::Utc::now().timestamp_millis();
         for _ in 0..per_tick {
-            let (k, v) = record(shape, 0x1a7e, i);
-            send(&p, topic, &k, &v, Some(now))?;
+            let (kind, k, v) = record(shape, seed, i);
+            send(&p, topics.of(kind), &k, &v, Some(now))?;
             i += 1;
         }
         p.poll(Duration::ZERO);
@@ -160,7 +364,7 @@ pub fn produce_paced(
             std::thread::sleep(wait);
         }
     }
-    p.flush(Duration::from_secs(60))?;
+    finish(&p, &d, i)?;
     let acked = std::mem::take(&mut *d.acked.lock().unwrap());
     Ok(acked)
 }
