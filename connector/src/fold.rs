@@ -299,13 +299,7 @@ pub async fn execute(graph: &Graph, plan: &FoldPlan) -> Result<(GraphCommit, Vec
     let (mut changes, fold_rejects) = validate(graph, plan, &mut read).await?;
     if graph.policies.tolerance == Tolerance::None {
         if let Some(r) = fold_rejects.first() {
-            return Err(Error::Intolerable {
-                topic: r.topic.clone().unwrap_or_default(),
-                partition: r.partition.unwrap_or(-1),
-                offset: r.offset.unwrap_or(-1),
-                code: r.code.as_str(),
-                message: r.message.clone(),
-            });
+            return Err(r.intolerable());
         }
     }
     let mut rejects_rows = read.remove(REJECTS_TABLE).and_then(|r| r.upserts);

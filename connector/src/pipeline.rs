@@ -358,13 +358,7 @@ impl RunLoop<'_> {
         }
         if let Some(r) = rejects.first() {
             if self.config.errors.tolerance == Tolerance::None {
-                return Err(Error::Intolerable {
-                    topic: r.topic.clone().unwrap_or_default(),
-                    partition: r.partition.unwrap_or(-1),
-                    offset: r.offset.unwrap_or(-1),
-                    code: r.code.as_str(),
-                    message: r.message.clone(),
-                });
+                return Err(r.intolerable());
             }
             self.trip_breaker(rejects.len() as u64);
         }

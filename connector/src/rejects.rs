@@ -174,6 +174,18 @@ pub struct Origin {
 }
 
 impl Reject {
+    /// The error that stops the connector on this reject under
+    /// `errors.tolerance = "none"`.
+    pub fn intolerable(&self) -> crate::error::Error {
+        crate::error::Error::Intolerable {
+            topic: self.topic.clone().unwrap_or_default(),
+            partition: self.partition.unwrap_or(-1),
+            offset: self.offset.unwrap_or(-1),
+            code: self.code.as_str(),
+            message: self.message.clone(),
+        }
+    }
+
     /// A sync (decode or validate) reject of a consumed record. Its id is a
     /// function of the record's coordinates, so a replay rejects it again
     /// under the same id.
