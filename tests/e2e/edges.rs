@@ -81,6 +81,26 @@ async fn edges_wait_for_their_endpoints_until_the_deadline() {
     )
     .await;
     produce(
+        slots,
+        &[rec(0, None, Some(json!({"tenant": "acme", "slot": 7})))],
+    )
+    .await;
+
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(graphsink::run_with(
+        tg.config(),
+        graphsink::RunOptions::default(),
+        stop.clone(),
+    ));
+    // Nodes first: topics are fetched independently, so edges produced with
+    // them could reach a fold before their endpoints, and `reject` would
+    // then (rightly) refuse a->b.
+    eventually("people and slots folded", || async {
+        rows_if_any(&tg, "nodes/Person").await.len() == 2
+            && rows_if_any(&tg, "nodes/Slot").await.len() == 1
+    })
+    .await;
+    produce(
         knows,
         &[
             rec(0, None, Some(json!({"from": "a", "to": "b", "since": 1}))),
@@ -98,26 +118,13 @@ async fn edges_wait_for_their_endpoints_until_the_deadline() {
     )
     .await;
     produce(
-        slots,
-        &[rec(0, None, Some(json!({"tenant": "acme", "slot": 7})))],
-    )
-    .await;
-    produce(
         ins,
         &[rec(0, None, Some(json!({"src": "a", "dst": ["acme", 7]})))],
     )
     .await;
-
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(graphsink::run_with(
-        tg.config(),
-        graphsink::RunOptions::default(),
-        stop.clone(),
-    ));
     let k = |o: i64| format!("{knows}/0/{o}");
     let in_id = serde_json::to_string(&["a", r#"["acme","7"]"#]).unwrap();
-    // Each topic may reach a different fold (the consumer fetches them
-    // separately), so wait until every topic's first records are folded.
+    // Each topic may reach a different fold, so wait for all of them.
     eventually("a->b lands, a->c waits, Likes and In folded", || async {
         rows_if_any(&tg, "edges/Knows").await.contains_key(&k(0))
             && rows_if_any(&tg, "_pending/Knows").await.contains_key(&k(1))
