@@ -145,8 +145,10 @@ pub async fn live(
     }
 
     let sampler = CommitSampler::start(t, &group, every)?;
-    let recs = paced(t, shape, rate, secs, 0x1a7e).await?;
-    let ends = ends_of(t, &recs);
+    let workload::Paced {
+        records: recs,
+        ends,
+    } = paced(t, shape, rate, secs, 0x1a7e).await?;
     // Wait (bounded) until every record is committed and visible, so the
     // tail of the run is measured rather than cut off by the shutdown.
     let deadline = Instant::now() + settle;
@@ -208,24 +210,20 @@ pub async fn fold_cost(
     in_process: bool,
 ) -> Result<FoldRun, BoxError> {
     let ingest = backlog(t, cfg, ends, every).await?;
-    if in_process {
-        return Ok(FoldRun {
-            ingest_rate: ingest.timed_records as f64 / ingest.secs,
-            ingest_peak_rss_mib: ingest.peak_rss_mib,
-            rows: ingest.records,
-            fold: fold_child(config_path).await?,
-        });
-    }
-    let out = tokio::process::Command::new(std::env::current_exe()?)
-        .arg("--fold-config")
-        .arg(config_path)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .await?;
-    if !out.status.success() {
-        return Err(format!("the fold child failed: {}", out.status).into());
-    }
-    let fold: FoldCost = serde_json::from_slice(&out.stdout)?;
+    let fold = if in_process {
+        fold_child(config_path).await?
+    } else {
+        let out = tokio::process::Command::new(std::env::current_exe()?)
+            .arg("--fold-config")
+            .arg(config_path)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .await?;
+        if !out.status.success() {
+            return Err(format!("the fold child failed: {}", out.status).into());
+        }
+        serde_json::from_slice(&out.stdout)?
+    };
     Ok(FoldRun {
         ingest_rate: ingest.timed_records as f64 / ingest.secs,
         ingest_peak_rss_mib: ingest.peak_rss_mib,
@@ -274,21 +272,12 @@ async fn paced(
     rate: u64,
     secs: u64,
     seed: u64,
-) -> Result<Vec<(usize, i64, i64)>, BoxError> {
+) -> Result<workload::Paced, BoxError> {
     let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
     tokio::task::spawn_blocking(move || {
         workload::produce_paced(&bs, &topics, shape, rate, secs, seed)
     })
     .await?
-}
-
-/// End offset per slot of a set of delivered records.
-fn ends_of(t: &Target, recs: &[(usize, i64, i64)]) -> Vec<i64> {
-    let mut ends = vec![0i64; t.topics.slots()];
-    for &(slot, off, _) in recs {
-        ends[slot] = ends[slot].max(off + 1);
-    }
-    ends
 }
 
 /// The bare consumer under the same paced producer: its durable-ack
@@ -332,8 +321,10 @@ pub async fn bare_live(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let sampler = CommitSampler::start(t, group, every)?;
-    let recs = paced(t, shape, rate, secs, 0xba2e).await?;
-    let ends = ends_of(t, &recs);
+    let workload::Paced {
+        records: recs,
+        ends,
+    } = paced(t, shape, rate, secs, 0xba2e).await?;
     let deadline = Instant::now() + settle;
     while Instant::now() < deadline && !sampler.latest().iter().zip(&ends).all(|(c, e)| c >= e) {
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -336,8 +336,7 @@ pub fn produce_one(
 /// Produces `rate` records/s for `secs` seconds (the same node/edge mix),
 /// each stamped with the wall clock at send time, in 10 ms ticks (so
 /// "record timestamp" is when the record entered the system, not when a
-/// backlog was written). Blocking; run it on its own thread. Returns every
-/// delivered record as (slot, offset, timestamp ms).
+/// backlog was written). Blocking; run it on its own thread.
 pub fn produce_paced(
     bootstrap: &str,
     topics: &Topics,
@@ -345,7 +344,7 @@ pub fn produce_paced(
     rate: u64,
     secs: u64,
     seed: u64,
-) -> Result<Vec<(usize, i64, i64)>, BoxError> {
+) -> Result<Paced, BoxError> {
     let (p, d) = producer(bootstrap, topics, true)?;
     let tick = Duration::from_millis(10);
     let per_tick = (rate / 100).max(1);
@@ -365,6 +364,15 @@ pub fn produce_paced(
         }
     }
     finish(&p, &d, i)?;
-    let acked = std::mem::take(&mut *d.acked.lock().unwrap());
-    Ok(acked)
+    let records = std::mem::take(&mut *d.acked.lock().unwrap());
+    let ends = d.ends.lock().unwrap().clone();
+    Ok(Paced { records, ends })
+}
+
+/// What a paced producer delivered.
+pub struct Paced {
+    /// (slot, offset, timestamp ms) per record.
+    pub records: Vec<(usize, i64, i64)>,
+    /// End offset per slot, from the broker's acks.
+    pub ends: Vec<i64>,
 }

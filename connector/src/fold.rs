@@ -1335,12 +1335,16 @@ async fn read_generations(
     }
     let mut newest: Vec<(usize, usize)> = last.into_values().collect();
     newest.sort_unstable();
-    let is_tombstone = |b: usize, r: usize| {
-        batches[b]
-            .column_by_name(TOMBSTONE)
-            .and_then(|c| c.as_any().downcast_ref::<BooleanArray>())
-            .is_some_and(|t| t.is_valid(r) && t.value(r))
-    };
+    // Looked up once per batch, not once per row.
+    let tombstones: Vec<Option<&BooleanArray>> = batches
+        .iter()
+        .map(|b| {
+            b.column_by_name(TOMBSTONE)
+                .and_then(|c| c.as_any().downcast_ref::<BooleanArray>())
+        })
+        .collect();
+    let is_tombstone =
+        |b: usize, r: usize| tombstones[b].is_some_and(|t| t.is_valid(r) && t.value(r));
     let (deleted, upserted): (Vec<_>, Vec<_>) =
         newest.into_iter().partition(|&(b, r)| is_tombstone(b, r));
     let deletes: Vec<String> = deleted
