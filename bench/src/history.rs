@@ -52,6 +52,7 @@ pub async fn run(
     )?;
     let schema = graphsink::schema::GraphSchema::load(&cfg.schema_path())?;
     let graph = Graph::open_or_init(&cfg, schema).await?;
+    let policies = graphsink::fold::Policies::from_config(&cfg);
     let mut decoder =
         RecordDecoder::new(&graph.schema, &cfg.mappings[0], rows.max(filler), 1 << 20)?;
     let pool = ShardPool::open(&graph, &cfg.wal, &graph.wal_tables()).await?;
@@ -99,6 +100,7 @@ pub async fn run(
         let t_plan = Instant::now();
         let plan = graphsink::fold::plan(
             &graph,
+            &policies,
             &head,
             &Some(limits),
             &WrittenSpans::default(),
@@ -107,7 +109,7 @@ pub async fn run(
         .await?
         .ok_or("nothing to fold")?;
         let plan_secs = t_plan.elapsed().as_secs_f64();
-        let (commit, _) = graphsink::fold::execute(&graph, &plan).await?;
+        let (commit, _) = graphsink::fold::execute(&graph, &policies, &plan).await?;
         let fold_secs = start.elapsed().as_secs_f64();
         if probes.contains(&seq) {
             let manifest = graph.open_table("__manifest", None).await?;

@@ -244,7 +244,12 @@ pub async fn fold_child(config_path: &Path) -> Result<FoldCost, BoxError> {
     let start_rss_mib = measure::rss_mib();
     measure::reset_peak_rss();
     let start = Instant::now();
-    let commit = graphsink::fold::fold_offline(&graph, &cfg.wal, "graphsink-bench").await?;
+    let commit = graphsink::fold::fold_offline(
+        &graph,
+        &graphsink::fold::Policies::from_config(&cfg),
+        &cfg.wal,
+        "graphsink-bench",
+    ).await?;
     let secs = start.elapsed().as_secs_f64();
     Ok(FoldCost {
         secs,

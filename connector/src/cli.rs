@@ -21,8 +21,9 @@ use crate::config::Config;
 use crate::error::{Context, Error, Result};
 use crate::graph::{self, Graph, GraphCommit};
 use crate::pipeline::{run_with, RunOptions};
-use crate::rejects::{self, Reject, Stage, REJECTS_TABLE};
-use crate::schema::GraphSchema;
+use crate::rejects::{self, Reject, Stage};
+use crate::schema::{GraphSchema, REJECTS_TABLE};
+use crate::types::now_ms;
 
 #[derive(Parser)]
 #[command(
@@ -177,7 +178,12 @@ async fn dispatch(cmd: Command) -> Result<()> {
         Command::Fold { config } => {
             let config = Config::load(&config)?;
             let graph = open_graph(&config).await?;
-            match crate::fold::fold_offline(&graph, &config.wal, &config.graph.actor).await? {
+            match crate::fold::fold_offline(
+                &graph,
+                &crate::fold::Policies::from_config(&config),
+                &config.wal,
+                &config.graph.actor,
+            ).await? {
                 Some(c) => println!("published {} (seq {})", c.id, c.seq),
                 None => println!("nothing to fold"),
             }
@@ -473,7 +479,7 @@ fn parse_stage(s: &str) -> std::result::Result<Stage, String> {
 }
 
 fn parse_since(s: &str) -> std::result::Result<i64, String> {
-    parse_since_at(s, graph::now_ms())
+    parse_since_at(s, now_ms())
 }
 
 /// `--since` as epoch milliseconds: an RFC 3339 time, or `now` minus a
@@ -804,7 +810,7 @@ async fn status(path: &std::path::Path, json: bool) -> Result<()> {
     let config = Config::load(path)?;
     let graph = Graph::open_readonly(config.root_uri()).await?;
     let head = graph.head().await?;
-    let now = graph::now_ms();
+    let now = now_ms();
     let mut pending = Vec::new();
     for (table, &version) in head
         .tables

@@ -20,7 +20,7 @@ use rdkafka::message::BorrowedHeaders;
 use crate::config::{KeyOrigin, KeySource, Mapping, UnknownFields};
 use crate::error::{Context, Error, Result};
 use crate::rejects::{owned_headers, Origin, Reject, RejectCode};
-use crate::schema::{GraphSchema, GraphType, TypeKind, ID};
+use crate::schema::{canonical_ids, row_json, GraphSchema, GraphType, TypeKind, ID};
 use crate::validate::Validator;
 
 /// One consumed record, borrowed from the poll.
@@ -806,16 +806,6 @@ fn columns_by_name(batch: &RecordBatch) -> HashMap<String, ArrayRef> {
         .collect()
 }
 
-/// One row as a JSON object (for a reject's `row`).
-pub fn row_json(batch: &RecordBatch, i: usize) -> Option<String> {
-    let mut w = arrow_json::LineDelimitedWriter::new(Vec::new());
-    w.write(&batch.slice(i, 1)).ok()?;
-    w.finish().ok()?;
-    String::from_utf8(w.into_inner())
-        .ok()
-        .map(|s| s.trim_end().to_string())
-}
-
 /// The value schema of a node mapping: the properties, key ones relaxed to
 /// nullable when the key comes from elsewhere.
 fn node_fields(ty: &GraphType, mapping: &Mapping) -> Result<(Vec<Field>, Shape)> {
@@ -959,29 +949,6 @@ fn scalar_text(v: &serde_json::Value) -> std::result::Result<String, String> {
         serde_json::Value::Bool(b) => Ok(b.to_string()),
         other => Err(format!("key part {other} is not a scalar")),
     }
-}
-
-/// `id` from the key parts: the canonical string of a single key, the JSON
-/// array of canonical strings of a composite one.
-pub fn canonical_ids(parts: &[ArrayRef]) -> Result<StringArray> {
-    let texts: Vec<ArrayRef> = parts
-        .iter()
-        .map(|p| arrow::compute::cast(p, &DataType::Utf8).ctx("key to text"))
-        .collect::<Result<_>>()?;
-    let texts: Vec<&StringArray> = texts
-        .iter()
-        .map(|t| t.as_any().downcast_ref::<StringArray>().expect("utf8"))
-        .collect();
-    if texts.len() == 1 {
-        return Ok(texts[0].clone());
-    }
-    let n = texts.first().map(|t| t.len()).unwrap_or(0);
-    Ok((0..n)
-        .map(|i| {
-            let v: Vec<&str> = texts.iter().map(|t| t.value(i)).collect();
-            Some(serde_json::to_string(&v).expect("strings serialize"))
-        })
-        .collect())
 }
 
 #[cfg(test)]

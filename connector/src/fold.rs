@@ -17,7 +17,7 @@ use arrow::array::{
     TimestampMillisecondArray,
 };
 use arrow::compute::{concat_batches, filter_record_batch};
-use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use futures::TryStreamExt;
 use lance::dataset::mem_wal::DatasetMemWalExt;
 use lance::dataset::{
@@ -32,11 +32,15 @@ use crate::config::{Config, DeletePolicy, EndpointPolicy, Tolerance};
 use crate::error::{Context, Error, Result};
 use crate::failpoints;
 use crate::graph::{
-    new_commit_id, now_ms, FoldedShard, Graph, GraphCommit, OffsetRange, TableStats,
+    new_commit_id, FoldedShard, Graph, GraphCommit, OffsetRange, TableStats,
 };
 use crate::offsets::WrittenSpans;
-use crate::rejects::{self, DeadLetters, Reject, RejectCode, REJECTS_TABLE, REJECT_ID};
-use crate::schema::{GraphType, TypeKind, ID, SRC_OFFSET, SRC_PARTITION, SRC_TIMESTAMP, SRC_TOPIC};
+use crate::rejects::{self, DeadLetters, Reject, RejectCode};
+use crate::schema::{
+    pending_schema, pending_table, GraphType, TypeKind, ID, PENDING_SINCE, REJECTS_TABLE,
+    REJECT_ID, SRC_OFFSET, SRC_PARTITION, SRC_TIMESTAMP, SRC_TOPIC,
+};
+use crate::types::now_ms;
 use crate::shards;
 
 const PLAN_PROPERTY: &str = "graphsink.fold_plan";
@@ -47,30 +51,6 @@ const PUBLISH_ATTEMPTS: usize = 8;
 /// than this: every fold adds one or two, and merge-insert, scans and
 /// `__manifest` reads all grow with the fragment count, not with the rows.
 pub const COMPACT_FRAGMENTS: usize = 16;
-/// Column of `_pending/<Edge>` tables: when the edge was first deferred.
-pub const PENDING_SINCE: &str = "_pending_since";
-
-/// The table of deferred edges of an edge table (`edges/X` → `_pending/X`).
-pub fn pending_table(edge_table: &str) -> String {
-    format!("_pending/{}", edge_table.trim_start_matches("edges/"))
-}
-
-/// A pending table's layout: the edge table's plus `_pending_since`.
-pub fn pending_schema(edge: &GraphType) -> SchemaRef {
-    let mut fields: Vec<Field> = edge
-        .table_schema
-        .fields()
-        .iter()
-        .map(|f| f.as_ref().clone())
-        .collect();
-    fields.push(Field::new(
-        PENDING_SINCE,
-        DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
-        false,
-    ));
-    Arc::new(Schema::new(fields))
-}
-
 /// The fold-time policies of the config, per graph type.
 #[derive(Debug, Clone, Default)]
 pub struct Policies {
@@ -165,6 +145,7 @@ pub type Cut = Option<HashMap<uuid::Uuid, u64>>;
 /// cut). `None` when there is nothing to fold.
 pub async fn plan(
     graph: &Graph,
+    policies: &Policies,
     head: &GraphCommit,
     cut: &Cut,
     spans: &WrittenSpans,
@@ -230,7 +211,7 @@ pub async fn plan(
         if ds.count_rows(None).await.ctx(&pt)? == 0 {
             continue;
         }
-        let deadline = graph.policies.of(&e.name).deadline_ms;
+        let deadline = policies.of(&e.name).deadline_ms;
         let oldest = oldest_pending(&ds).await?;
         let due = oldest.is_some_and(|o| o + deadline <= now);
         if nodes_changed || due || tables.iter().any(|t| t.table == e.table) {
@@ -288,7 +269,11 @@ struct Read {
 /// last pass of this plan is committed are not written again. Returns the
 /// commit and the fold's rejects (now in `_ingest_rejects`), which the
 /// caller delivers to the dead-letter topic.
-pub async fn execute(graph: &Graph, plan: &FoldPlan) -> Result<(GraphCommit, Vec<Reject>)> {
+pub async fn execute(
+    graph: &Graph,
+    policies: &Policies,
+    plan: &FoldPlan,
+) -> Result<(GraphCommit, Vec<Reject>)> {
     // 1. Read.
     let mut read: BTreeMap<String, Read> = BTreeMap::new();
     for tp in &plan.tables {
@@ -296,8 +281,8 @@ pub async fn execute(graph: &Graph, plan: &FoldPlan) -> Result<(GraphCommit, Vec
         read.insert(tp.table.clone(), Read { upserts, deletes });
     }
     // 2. Validate.
-    let (mut changes, fold_rejects) = validate(graph, plan, &mut read).await?;
-    if graph.policies.tolerance == Tolerance::None {
+    let (mut changes, fold_rejects) = validate(graph, policies, plan, &mut read).await?;
+    if policies.tolerance == Tolerance::None {
         if let Some(r) = fold_rejects.first() {
             return Err(r.intolerable());
         }
@@ -349,6 +334,7 @@ fn stamp_commit(rows: &RecordBatch, commit_id: &str) -> Result<RecordBatch> {
 /// tables plus this fold.
 async fn validate(
     graph: &Graph,
+    policies: &Policies,
     plan: &FoldPlan,
     read: &mut BTreeMap<String, Read>,
 ) -> Result<(BTreeMap<String, Change>, Vec<Reject>)> {
@@ -389,7 +375,7 @@ async fn validate(
         }
         let mut deletes = r.deletes;
         if !deletes.is_empty() {
-            let policy = graph.policies.of(&ty.name).delete;
+            let policy = policies.of(&ty.name).delete;
             let refs = referencing_edges(graph, plan, ty, &deletes, read).await?;
             let mut refused = HashSet::new();
             for (node_id, edges) in refs {
@@ -454,7 +440,7 @@ async fn validate(
             None => (None, vec![]),
         };
         let ends = ty.ends.as_ref().expect("edges have ends");
-        let policy = graph.policies.of(&ty.name);
+        let policy = policies.of(&ty.name);
         let pt = pending_table(&ty.table);
         let old_pending = match plan.base.get(&pt) {
             Some(&v) => {
@@ -569,9 +555,9 @@ async fn validate(
             }
         }
         // Bounded pending: the oldest go first.
-        if pending.len() > graph.policies.max_pending_edges {
+        if pending.len() > policies.max_pending_edges {
             pending.sort_by_key(|(b, i, since, _)| (*since, str_at(b, ID, *i)));
-            let over = pending.len() - graph.policies.max_pending_edges;
+            let over = pending.len() - policies.max_pending_edges;
             for (b, i, _, _) in pending.drain(..over) {
                 rejects.push(fold_reject(
                     plan,
@@ -581,7 +567,7 @@ async fn validate(
                     RejectCode::PendingOverflow,
                     format!(
                         "more than errors.max_pending_edges = {} edges of {} wait for endpoints; the oldest is rejected",
-                        graph.policies.max_pending_edges, ty.name
+                        policies.max_pending_edges, ty.name
                     ),
                 ));
                 change.rejected += 1;
@@ -1098,7 +1084,7 @@ fn fold_reject(
         &ty.name,
         code,
         message,
-        crate::decode::row_json(rows, i),
+        crate::schema::row_json(rows, i),
         source,
         plan.created_at,
     )
@@ -1454,7 +1440,7 @@ async fn publish(
 
 /// Finds table versions committed by a fold that was never published and
 /// finishes that fold. Call before opening writers or folding anew.
-pub async fn recover(graph: &Graph) -> Result<Option<GraphCommit>> {
+pub async fn recover(graph: &Graph, policies: &Policies) -> Result<Option<GraphCommit>> {
     let head = graph.head().await?;
     let mut found: Option<FoldPlan> = None;
     for (table, &pinned) in &head.tables {
@@ -1496,7 +1482,7 @@ pub async fn recover(graph: &Graph) -> Result<Option<GraphCommit>> {
         return Ok(None);
     };
     tracing::warn!(commit = %plan.commit_id, "rolling forward a fold interrupted before its publish");
-    execute(graph, &plan).await.map(|(c, _)| Some(c))
+    execute(graph, policies, &plan).await.map(|(c, _)| Some(c))
 }
 
 async fn compacted_markers(ds: &Dataset) -> Result<HashMap<uuid::Uuid, u64>> {
@@ -1555,6 +1541,7 @@ pub type CutRequest = tokio::sync::oneshot::Sender<Result<FreezeCut>>;
 /// operator's request), and stopped by `stop`.
 pub struct FoldLoop {
     pub graph: Graph,
+    pub policies: Policies,
     pub interval: std::time::Duration,
     pub actor: String,
     pub cuts: tokio::sync::mpsc::Sender<CutRequest>,
@@ -1622,9 +1609,18 @@ impl FoldLoop {
                 .map_err(|e| shards::fenced_or(e, &f.table, f.bucket, f.shard, "flush"))?;
         }
         let head = self.graph.head().await?;
-        if let Some(mut plan) = plan(&self.graph, &head, &Some(limits), spans, &self.actor).await? {
+        if let Some(mut plan) = plan(
+            &self.graph,
+            &self.policies,
+            &head,
+            &Some(limits),
+            spans,
+            &self.actor,
+        )
+        .await?
+        {
             plan.dead_letters_delivered = plan.dead_letters_delivered.max(self.delivered);
-            let (commit, rejects) = execute(&self.graph, &plan).await?;
+            let (commit, rejects) = execute(&self.graph, &self.policies, &plan).await?;
             *spans = WrittenSpans::default();
             // Published first, then produced: a crash in between re-delivers
             // on the next start (at least once, by reject_id).
@@ -1648,17 +1644,18 @@ impl FoldLoop {
 /// then folds all flushed generations. A running connector is fenced by this.
 pub async fn fold_offline(
     graph: &Graph,
+    policies: &Policies,
     wal: &crate::config::WalSettings,
     actor: &str,
 ) -> Result<Option<GraphCommit>> {
-    recover(graph).await?;
+    recover(graph, policies).await?;
     let pool = shards::ShardPool::open(graph, wal, &graph.wal_tables()).await?;
     pool.close().await?;
     let head = graph.head().await?;
     // Its fold rejects reach the dead-letter topic when the connector next
     // starts (`redeliver`): this tool has no producer.
-    match plan(graph, &head, &None, &WrittenSpans::default(), actor).await? {
-        Some(p) => execute(graph, &p).await.map(|(c, _)| Some(c)),
+    match plan(graph, policies, &head, &None, &WrittenSpans::default(), actor).await? {
+        Some(p) => execute(graph, policies, &p).await.map(|(c, _)| Some(c)),
         None => Ok(None),
     }
 }

@@ -1,6 +1,8 @@
-//! The graph root: table layout, first-start init, compatibility checks, and
-//! the `__manifest` commit log (head, immutable commits, table versions).
-//! Publishing is a compare-and-swap on the head; it does not fold anything.
+//! Storage of the graph root: opening tables, first-start init,
+//! compatibility checks, and the `__manifest` commit log (head, immutable
+//! commits, table versions). Publishing is a compare-and-swap on the head.
+//! Imports only layouts (`schema`) and plain types: it folds nothing, owns
+//! no writer and knows no policy.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -9,7 +11,7 @@ use arrow::array::{
     Array, ArrayRef, Int64Array, RecordBatch, RecordBatchIterator, StringArray,
     TimestampMillisecondArray, UInt64Array,
 };
-use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow_schema::Schema;
 use futures::TryStreamExt;
 use lance::dataset::mem_wal::DatasetMemWalExt;
 use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode, WriteParams};
@@ -18,11 +20,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::error::{Context, Error, Result};
-use crate::rejects::{self, REJECTS_TABLE};
-use crate::schema::{same_columns, GraphSchema, GraphType, TypeKind, PK_METADATA};
-use crate::shards;
+use crate::schema::{
+    manifest_schema, same_columns, GraphSchema, TableLayout, MANIFEST_PK, MANIFEST_TABLE,
+    REJECTS_TABLE,
+};
+pub use crate::types::OffsetRange;
+use crate::types::now_ms;
 
-pub const MANIFEST_TABLE: &str = "__manifest";
 const HEAD_ID: &str = "graph_head:main";
 const SCHEMA_ID: &str = "graph_schema";
 /// Newest commit whose fold rejects all reached the dead-letter topic.
@@ -61,15 +65,6 @@ pub struct FoldedShard {
     pub upto_generation: u64,
 }
 
-/// Source records a commit folded, per topic partition (inclusive bounds).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
-pub struct OffsetRange {
-    pub topic: String,
-    pub partition: i32,
-    pub first: i64,
-    pub last: i64,
-}
-
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TableStats {
     pub upserted: u64,
@@ -93,8 +88,6 @@ pub struct Graph {
     pub schema: Arc<GraphSchema>,
     /// Buckets N per MemWAL table path (graph types and `_ingest_rejects`).
     pub buckets: BTreeMap<String, u32>,
-    /// Fold-time policies from the config.
-    pub policies: Arc<crate::fold::Policies>,
 }
 
 impl Graph {
@@ -105,7 +98,6 @@ impl Graph {
             root: config.root_uri(),
             schema: Arc::new(schema),
             buckets,
-            policies: Arc::new(crate::fold::Policies::from_config(config)),
         };
         match graph.open_manifest().await {
             Ok(_) => graph.check_compatible().await?,
@@ -124,7 +116,6 @@ impl Graph {
                 source: String::new(),
             }),
             buckets: BTreeMap::new(),
-            policies: Default::default(),
         };
         graph.open_manifest().await.map_err(|e| {
             if is_not_found(&e) {
@@ -142,39 +133,7 @@ impl Graph {
 
     /// Tables with MemWAL shards, in fold order: nodes, edges, rejects.
     pub fn wal_tables(&self) -> Vec<String> {
-        let mut types: Vec<&GraphType> = self.schema.types.iter().collect();
-        types.sort_by_key(|t| (t.kind == TypeKind::Edge, t.name.clone()));
-        let mut out: Vec<String> = types.iter().map(|t| t.table.clone()).collect();
-        out.push(REJECTS_TABLE.to_string());
-        out
-    }
-
-    /// Every table a graph commit pins, with its layout and primary key.
-    fn all_tables(&self) -> Vec<(String, SchemaRef, &'static str)> {
-        let mut out: Vec<(String, SchemaRef, &'static str)> = self
-            .schema
-            .types
-            .iter()
-            .map(|t| (t.table.clone(), t.table_schema.clone(), crate::schema::ID))
-            .collect();
-        for t in self
-            .schema
-            .types
-            .iter()
-            .filter(|t| t.kind == TypeKind::Edge)
-        {
-            out.push((
-                crate::fold::pending_table(&t.table),
-                crate::fold::pending_schema(t),
-                crate::schema::ID,
-            ));
-        }
-        out.push((
-            REJECTS_TABLE.to_string(),
-            rejects::table_schema(),
-            rejects::REJECT_ID,
-        ));
-        out
+        self.schema.wal_tables()
     }
 
     pub fn table_uri(&self, table: &str) -> String {
@@ -203,10 +162,10 @@ impl Graph {
     async fn init(&self) -> Result<()> {
         tracing::info!(root = %self.root, "initialising graph");
         let mut tables = BTreeMap::new();
-        for (table, schema, pk) in self.all_tables() {
-            let n = self.buckets.get(&table).copied();
-            let ds = self.init_table(&table, &schema, pk, n).await?;
-            tables.insert(table, ds.version().version);
+        for layout in self.schema.tables() {
+            let n = self.buckets.get(&layout.name).copied();
+            let ds = self.init_table(&layout, n).await?;
+            tables.insert(layout.name, ds.version().version);
         }
         let record = SchemaRecord {
             source: self.schema.source.clone(),
@@ -249,15 +208,11 @@ impl Graph {
         Ok(())
     }
 
-    /// Creates one table; with `buckets`, also its MemWAL and shards.
-    async fn init_table(
-        &self,
-        table: &str,
-        schema: &SchemaRef,
-        pk: &str,
-        buckets: Option<u32>,
-    ) -> Result<Dataset> {
-        let uri = self.table_uri(table);
+    /// Creates one table; with `buckets`, also its MemWAL index. Shard
+    /// manifests are the writers' (`shards`), created when a pool opens.
+    async fn init_table(&self, layout: &TableLayout, buckets: Option<u32>) -> Result<Dataset> {
+        let (schema, pk) = (&layout.schema, layout.pk);
+        let uri = self.table_uri(&layout.name);
         let mut ds = match Dataset::open(&uri).await {
             Ok(ds) => ds,
             Err(e) if is_lance_not_found(&e) => {
@@ -282,7 +237,6 @@ impl Graph {
                 .await
                 .ctx(format!("initialise MemWAL on {uri}"))?;
         }
-        shards::initialize_shards(&ds, table, buckets).await?;
         Ok(ds)
     }
 
@@ -294,8 +248,8 @@ impl Graph {
             root: self.root.clone(),
             message,
         };
-        let all = self.all_tables();
-        let want: Vec<&str> = all.iter().map(|t| t.0.as_str()).collect();
+        let all = self.schema.tables();
+        let want: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
         let have: Vec<&str> = head.tables.keys().map(String::as_str).collect();
         let mut want_sorted = want.clone();
         want_sorted.sort();
@@ -306,7 +260,12 @@ impl Graph {
                 have.join(", ")
             )));
         }
-        for (table, schema, _) in &all {
+        for TableLayout {
+            name: table,
+            schema,
+            ..
+        } in &all
+        {
             let ds = self.open_table(table, Some(head.tables[table])).await?;
             let actual: Schema = ds.schema().into();
             same_columns(schema, &actual)
@@ -390,7 +349,7 @@ impl Graph {
             ..Default::default()
         });
         let batch = rows.into_batch();
-        let mut b = MergeInsertBuilder::try_new(Arc::new(ds), vec!["object_id".into()])
+        let mut b = MergeInsertBuilder::try_new(Arc::new(ds), vec![MANIFEST_PK.into()])
             .ctx("dead-letter mark")?;
         b.when_matched(WhenMatched::UpdateAll)
             .when_not_matched(WhenNotMatched::InsertAll);
@@ -470,7 +429,7 @@ impl Graph {
         rows.push_commit(commit);
         let batch = rows.into_batch();
         let mut b =
-            MergeInsertBuilder::try_new(Arc::new(ds), vec!["object_id".into()]).ctx("publish")?;
+            MergeInsertBuilder::try_new(Arc::new(ds), vec![MANIFEST_PK.into()]).ctx("publish")?;
         b.when_matched(WhenMatched::UpdateAll)
             .when_not_matched(WhenNotMatched::InsertAll)
             .conflict_retries(0);
@@ -524,10 +483,6 @@ fn buckets_per_table(config: &Config, schema: &GraphSchema) -> Result<BTreeMap<S
 
 pub fn new_commit_id() -> String {
     uuid::Uuid::now_v7().to_string()
-}
-
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
 }
 
 fn is_not_found(e: &Error) -> bool {
@@ -627,28 +582,10 @@ impl ManifestRows {
     }
 }
 
-fn manifest_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("object_id", DataType::Utf8, false)
-            .with_metadata([(PK_METADATA.to_string(), "true".to_string())].into()),
-        Field::new("kind", DataType::Utf8, false),
-        Field::new("commit_id", DataType::Utf8, true),
-        Field::new("seq", DataType::Int64, true),
-        Field::new("table_name", DataType::Utf8, true),
-        Field::new("table_version", DataType::UInt64, true),
-        Field::new(
-            "created_at",
-            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
-            true,
-        ),
-        Field::new("payload", DataType::Utf8, true),
-    ]))
-}
-
 async fn read_rows(ds: &Dataset, filter: &str) -> Result<Vec<ManifestRow>> {
     let mut scan = ds.scan();
     scan.filter(filter).ctx("manifest filter")?;
-    scan.project(&["object_id", "commit_id", "payload"])
+    scan.project(&[MANIFEST_PK, "commit_id", "payload"])
         .ctx("manifest projection")?;
     let batches: Vec<RecordBatch> = scan
         .try_into_stream()
@@ -664,7 +601,7 @@ async fn read_rows(ds: &Dataset, filter: &str) -> Result<Vec<ManifestRow>> {
                 .and_then(|c| c.as_any().downcast_ref::<StringArray>())
                 .ok_or_else(|| Error::Corrupt(format!("__manifest lacks column {name}")))
         };
-        let (ids, commits, payloads) = (col("object_id")?, col("commit_id")?, col("payload")?);
+        let (ids, commits, payloads) = (col(MANIFEST_PK)?, col("commit_id")?, col("payload")?);
         for i in 0..b.num_rows() {
             let opt = |a: &StringArray| (!a.is_null(i)).then(|| a.value(i).to_string());
             out.push(ManifestRow {
@@ -696,3 +633,4 @@ pub async fn row_counts(graph: &Graph, commit: &GraphCommit) -> Result<HashMap<S
     }
     Ok(out)
 }
+

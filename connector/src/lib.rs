@@ -13,11 +13,14 @@ pub mod error;
 pub mod failpoints;
 pub mod fold;
 pub mod graph;
+#[cfg(test)]
+mod layers;
 pub mod offsets;
 pub mod pipeline;
 pub mod rejects;
 pub mod schema;
 pub mod shards;
+pub mod types;
 pub mod validate;
 
 pub use config::Config;

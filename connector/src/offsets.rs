@@ -5,9 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::graph::OffsetRange;
-
-pub type TopicPartition = (String, i32);
+pub use crate::types::TopicPartition;
+use crate::types::OffsetRange;
 
 /// The highest offset of each partition a poll carried. A poll's ack is
 /// produced only when every write of that poll is durable.

@@ -20,11 +20,11 @@ use crate::config::{Config, Tolerance};
 use crate::consumer::{self, Committable, GroupConsumer, GroupEvent};
 use crate::decode::{RecordDecoder, SourceRecord};
 use crate::error::{Error, Result};
-use crate::fold::{self, CutRequest, FoldLoop, FreezeCut};
+use crate::fold::{self, CutRequest, FoldLoop, FreezeCut, Policies};
 use crate::graph::{Graph, GraphCommit};
 use crate::offsets::{DurableWatermarks, PollAck, PollSpans, TopicPartition, WrittenSpans};
-use crate::rejects::{self, DeadLetters, REJECTS_TABLE};
-use crate::schema::GraphSchema;
+use crate::rejects::{self, DeadLetters};
+use crate::schema::{GraphSchema, REJECTS_TABLE};
 use crate::shards::{PendingWrite, ShardPool};
 
 /// Knobs of one run that are not part of the config file.
@@ -114,7 +114,8 @@ pub async fn run_with(
 ) -> Result<RunSummary> {
     let schema = GraphSchema::load(&config.schema_path())?;
     let graph = Graph::open_or_init(&config, schema).await?;
-    fold::recover(&graph).await?;
+    let policies = Policies::from_config(&config);
+    fold::recover(&graph, &policies).await?;
 
     let mut decoders = HashMap::new();
     for m in &config.mappings {
@@ -154,6 +155,7 @@ pub async fn run_with(
     let fold_task = tokio::spawn(
         FoldLoop {
             graph: graph.clone(),
+            policies,
             interval: config.fold.interval,
             actor: config.graph.actor.clone(),
             cuts: cut_tx,

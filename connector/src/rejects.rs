@@ -11,7 +11,6 @@ use arrow::array::{
     ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
     TimestampMillisecondArray,
 };
-use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -20,12 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::schema::PK_METADATA;
-
-/// Table of rejects under the graph root.
-pub const REJECTS_TABLE: &str = "_ingest_rejects";
-/// Its primary key.
-pub const REJECT_ID: &str = "reject_id";
+use crate::schema::{rejects_schema, REJECTS_TABLE, REJECT_ID};
+use crate::types::now_ms;
 
 const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6772_6170_6873_696e_6b00_0000_0000_0002);
 
@@ -215,7 +210,7 @@ impl Reject {
             headers: origin.headers,
             row,
             graph_commit: None,
-            rejected_at: crate::graph::now_ms(),
+            rejected_at: now_ms(),
         }
     }
 
@@ -261,30 +256,6 @@ fn reject_id(s: &str) -> String {
     uuid::Uuid::new_v5(&NAMESPACE, s.as_bytes()).to_string()
 }
 
-/// Columns of `_ingest_rejects` (README documents each).
-pub fn table_schema() -> SchemaRef {
-    let ts = DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
-    Arc::new(Schema::new(vec![
-        Field::new(REJECT_ID, DataType::Utf8, false)
-            .with_metadata([(PK_METADATA.to_string(), "true".to_string())].into()),
-        Field::new("stage", DataType::Utf8, false),
-        Field::new("code", DataType::Utf8, false),
-        Field::new("message", DataType::Utf8, false),
-        Field::new("type_name", DataType::Utf8, true),
-        Field::new("topic", DataType::Utf8, true),
-        Field::new("partition", DataType::Int32, true),
-        Field::new("offset", DataType::Int64, true),
-        Field::new("timestamp", ts.clone(), true),
-        Field::new("key", DataType::Binary, true),
-        Field::new("value", DataType::Binary, true),
-        // JSON: [[name, base64 value or null], ...], in the original order.
-        Field::new("headers", DataType::Utf8, true),
-        Field::new("row", DataType::Utf8, true),
-        Field::new("graph_commit", DataType::Utf8, true),
-        Field::new("rejected_at", ts, false),
-    ]))
-}
-
 /// Rejects as one batch of `_ingest_rejects` rows.
 pub fn to_batch(rejects: &[Reject]) -> RecordBatch {
     let r = rejects;
@@ -325,7 +296,7 @@ pub fn to_batch(rejects: &[Reject]) -> RecordBatch {
                 .with_timezone("UTC"),
         ),
     ];
-    RecordBatch::try_new(table_schema(), cols).expect("reject columns match")
+    RecordBatch::try_new(rejects_schema(), cols).expect("reject columns match")
 }
 
 /// Rows of `_ingest_rejects` back into rejects (CLI, re-delivery).

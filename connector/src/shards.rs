@@ -43,7 +43,7 @@ pub async fn manifest_store(ds: &Dataset, shard: Uuid) -> Result<ShardManifestSt
 }
 
 /// Records each shard's bucket in its manifest before any writer opens it.
-pub async fn initialize_shards(ds: &Dataset, table: &str, buckets: u32) -> Result<()> {
+async fn initialize_shards(ds: &Dataset, table: &str, buckets: u32) -> Result<()> {
     for b in 0..buckets {
         let id = shard_id(table, b);
         let store = manifest_store(ds, id).await?;
@@ -113,6 +113,9 @@ impl ShardPool {
                 .first()
                 .cloned()
                 .ok_or_else(|| Error::Corrupt(format!("{table} has no sharding spec")))?;
+            // Idempotent: a graph whose init crashed after `__manifest`, or a
+            // first start, gets its shard manifests here, before any writer.
+            initialize_shards(&ds, table, details.num_shards).await?;
             let mut shards = Vec::new();
             for bucket in 0..details.num_shards {
                 let id = shard_id(table, bucket);

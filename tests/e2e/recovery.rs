@@ -159,7 +159,7 @@ fn child_of(parent: &GraphCommit, actor: &str) -> GraphCommit {
         seq: parent.seq + 1,
         parent: Some(parent.id.clone()),
         actor: actor.into(),
-        created_at: graphsink::graph::now_ms(),
+        created_at: graphsink::types::now_ms(),
         tables: parent.tables.clone(),
         folded: vec![],
         offsets: vec![],

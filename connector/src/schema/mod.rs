@@ -1,6 +1,12 @@
 //! The graph schema: `.pg` → types, table names and Arrow schemas, via
-//! omnigraph-compiler. Owns the column layout of every graph table; does not
-//! touch storage.
+//! omnigraph-compiler. Owns the column layout of every table under the graph
+//! root (`tables`); does not touch storage.
+
+mod tables;
+mod values;
+
+pub use tables::*;
+pub use values::{canonical_ids, row_json};
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,0 +1,173 @@
+//! The layering rule, checked: every module of the crate has a layer, and a
+//! module may import only from its own layer or below, with no circle. The
+//! check reads the sources, so a new `use crate::…` that reaches up fails
+//! `cargo test`. docs/ARCHITECTURE.md explains each layer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Layers from the leaves up. A module missing here fails the test, so a
+/// new module has to be placed on purpose.
+const LAYERS: &[(&str, u8)] = &[
+    ("types", 0),
+    ("error", 0),
+    ("failpoints", 0),
+    ("config", 0),
+    ("schema", 1),
+    ("graph", 2),
+    ("shards", 3),
+    ("rejects", 3),
+    ("offsets", 3),
+    ("validate", 4),
+    ("decode", 4),
+    ("kafka", 4),
+    ("consumer", 4),
+    ("fold", 5),
+    ("pipeline", 6),
+    ("query", 6),
+    ("cli", 7),
+    ("layers", 8),
+];
+
+/// Top-level module → the crate modules its files import (`crate::x`).
+fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut files = vec![src.to_path_buf()];
+    while let Some(p) = files.pop() {
+        if p.is_dir() {
+            for e in std::fs::read_dir(&p).expect("read src dir") {
+                files.push(e.expect("dir entry").path());
+            }
+            continue;
+        }
+        if p.extension().and_then(|e| e.to_str()) != Some("rs") {
+            continue;
+        }
+        let rel = p.strip_prefix(src).expect("under src");
+        let first = rel.components().next().expect("a component");
+        let module = Path::new(first.as_os_str())
+            .file_stem()
+            .expect("a name")
+            .to_string_lossy()
+            .to_string();
+        if module == "lib" || module == "main" {
+            continue; // the crate root re-exports; the binary calls cli
+        }
+        let text = std::fs::read_to_string(&p).expect("read source");
+        let deps = out.entry(module.clone()).or_default();
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap_or("");
+            for (i, _) in code.match_indices("crate::") {
+                let rest = &code[i + "crate::".len()..];
+                let names: Vec<&str> = match rest.strip_prefix('{') {
+                    Some(group) => group
+                        .split('}')
+                        .next()
+                        .unwrap_or("")
+                        .split(',')
+                        .map(|n| n.trim().split("::").next().unwrap_or("").trim())
+                        .collect(),
+                    None => vec![rest
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .next()
+                        .unwrap_or("")],
+                };
+                for n in names {
+                    // `crate::Error` etc. are the root's re-exports of `error`.
+                    let n = match n {
+                        "Error" | "ErrorKind" | "Result" => "error",
+                        "Config" => "config",
+                        n => n,
+                    };
+                    if !n.is_empty() && n != module {
+                        deps.insert(n.to_string());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The first circle found, as a path of modules.
+fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        m: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == m) {
+            let mut c = path[at..].to_vec();
+            c.push(m.to_string());
+            return Some(c);
+        }
+        if done.contains(m) {
+            return None;
+        }
+        path.push(m.to_string());
+        for d in graph.get(m).into_iter().flatten() {
+            if let Some(c) = visit(d, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(m.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|m| visit(m, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn imports_run_one_way_from_the_leaves_up() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = imports(&src);
+    let layer: BTreeMap<&str, u8> = LAYERS.iter().copied().collect();
+    let mut wrong = Vec::new();
+    for (m, deps) in &graph {
+        let Some(&mine) = layer.get(m.as_str()) else {
+            wrong.push(format!("module {m} has no layer in layers.rs"));
+            continue;
+        };
+        for d in deps {
+            match layer.get(d.as_str()) {
+                None => wrong.push(format!("{m} imports {d}, which has no layer")),
+                Some(&theirs) if theirs > mine => wrong.push(format!(
+                    "{m} (layer {mine}) imports {d} (layer {theirs}), which is above it"
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "layering broken:\n{}", wrong.join("\n"));
+    assert_eq!(circle(&graph), None, "import circle");
+}
+
+#[test]
+fn the_checker_sees_an_upward_import_and_a_circle() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("fold")).unwrap();
+    std::fs::write(
+        dir.path().join("graph.rs"),
+        "use crate::fold::Policies; // storage reaching up\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("fold/mod.rs"),
+        "use crate::{graph::Graph, schema};\n// crate::cli in a comment is no import\n",
+    )
+    .unwrap();
+    let g = imports(dir.path());
+    assert_eq!(g["graph"], BTreeSet::from(["fold".to_string()]));
+    assert_eq!(
+        g["fold"],
+        BTreeSet::from(["graph".to_string(), "schema".to_string()])
+    );
+    assert_eq!(
+        circle(&g),
+        Some(vec!["fold".into(), "graph".into(), "fold".into()])
+    );
+}
