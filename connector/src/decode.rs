@@ -121,6 +121,32 @@ struct Part {
     del_idx: Vec<usize>,
 }
 
+/// What `part_or_split` made of some records: their rows, and the records
+/// refused, by index into the records it was given.
+#[derive(Default)]
+struct Sorted {
+    part: Part,
+    rejects: Vec<(usize, Reject)>,
+}
+
+impl Sorted {
+    /// Adds the part of the records starting at `base`.
+    fn add(&mut self, p: Part, base: usize) {
+        self.part.rows.extend(p.rows);
+        self.part.up_idx.extend(p.up_idx.iter().map(|i| i + base));
+        self.part.del_ids.extend(p.del_ids);
+        self.part.del_idx.extend(p.del_idx.iter().map(|i| i + base));
+    }
+}
+
+/// Rows that passed the `.pg` constraints, their poll indices, and the
+/// rejects of those that did not.
+struct Checked {
+    rows: Option<RecordBatch>,
+    up_idx: Vec<usize>,
+    rejects: Vec<(usize, Reject)>,
+}
+
 /// Turns records of one topic into rows of its graph type.
 pub struct RecordDecoder {
     ty: GraphType,
@@ -132,6 +158,8 @@ pub struct RecordDecoder {
     strict: bool,
     max_record_bytes: usize,
     validator: Validator,
+    /// Batch decodes run (see `part_or_split`).
+    decodes: u64,
 }
 
 impl RecordDecoder {
@@ -176,6 +204,7 @@ impl RecordDecoder {
             strict,
             max_record_bytes,
             validator: Validator::new(ty)?,
+            decodes: 0,
         })
     }
 
@@ -184,99 +213,141 @@ impl RecordDecoder {
     }
 
     /// Decodes a whole poll. Records that cannot become rows are returned as
-    /// rejects; the rest still go out as one batch. When the batch fails,
-    /// records are decoded one at a time so only the bad ones are refused.
+    /// rejects; the rest still go out as one batch.
     pub fn decode(&mut self, records: &[SourceRecord<'_>]) -> Result<Decoded> {
-        let mut rejects: Vec<(usize, Reject)> = Vec::new();
-        let mut ok: Vec<usize> = Vec::with_capacity(records.len());
-        for (i, r) in records.iter().enumerate() {
-            match r.value {
-                Some(v) if v.len() > self.max_record_bytes => rejects.push((
-                    i,
-                    self.reject(
-                        r,
-                        RejectCode::Oversized,
-                        format!(
-                            "value is {} bytes, over errors.max_record_bytes = {}",
-                            v.len(),
-                            self.max_record_bytes
-                        ),
-                        None,
-                    ),
-                )),
-                _ => ok.push(i),
-            }
-        }
+        let (ok, mut rejects) = self.screen_sizes(records);
         let screened: Vec<SourceRecord> = ok.iter().map(|&i| records[i]).collect();
-        let mut part = match self.part(&screened) {
-            Ok(p) => p,
-            Err(Fail::System(e)) => return Err(e),
-            Err(Fail::Record(..)) => {
-                // Rebuild: a failed decoder may hold half a record.
-                self.decoder = build_decoder(&self.value_schema, self.batch_size, self.strict)?;
-                let mut all = Part::default();
-                for (j, r) in screened.iter().enumerate() {
-                    match self.part(std::slice::from_ref(r)) {
-                        Ok(p) => {
-                            all.rows.extend(p.rows);
-                            all.up_idx.extend(p.up_idx.iter().map(|_| j));
-                            all.del_ids.extend(p.del_ids);
-                            all.del_idx.extend(p.del_idx.iter().map(|_| j));
-                        }
-                        Err(Fail::Record(code, m)) => {
-                            // arrow-json's errors are generic: name the
-                            // field and tell a type from an overflow.
-                            let generic =
-                                matches!(code, RejectCode::WrongType | RejectCode::NotAnObject);
-                            let (code, m) = match self.classify(r) {
-                                Some(better) if generic => better,
-                                _ => (code, m),
-                            };
-                            rejects.push((ok[j], self.reject(r, code, m, None)));
-                            self.decoder =
-                                build_decoder(&self.value_schema, self.batch_size, self.strict)?;
-                        }
-                        Err(Fail::System(e)) => return Err(e),
-                    }
-                }
-                all
-            }
-        };
+        let mut sorted = self.part_or_split(&screened)?;
         // Back to poll indices.
+        let mut part = sorted.part;
         part.up_idx.iter_mut().for_each(|j| *j = ok[*j]);
         part.del_idx.iter_mut().for_each(|j| *j = ok[*j]);
+        rejects.extend(sorted.rejects.drain(..).map(|(j, r)| (ok[j], r)));
 
-        let mut upserts = match part.rows.len() {
+        let upserts = match part.rows.len() {
             0 => None,
             1 => part.rows.pop(),
             _ => {
                 Some(concat_batches(&self.ty.table_schema, &part.rows).ctx("concat decoded rows")?)
             }
         };
-        let mut up_idx = part.up_idx;
-        if let Some(rows) = upserts.as_ref().filter(|_| !self.validator.is_empty()) {
-            let violations = self.validator.check(rows);
-            if !violations.is_empty() {
-                let mut keep = vec![true; rows.num_rows()];
-                for v in violations {
-                    keep[v.row] = false;
-                    let i = up_idx[v.row];
-                    let row = row_json(rows, v.row);
-                    rejects.push((i, self.reject(&records[i], v.code, v.message, row)));
-                }
-                let mask = BooleanArray::from(keep.clone());
-                upserts = Some(filter_record_batch(rows, &mask).ctx("drop invalid rows")?);
-                up_idx = up_idx
-                    .into_iter()
-                    .zip(keep)
-                    .filter_map(|(i, k)| k.then_some(i))
-                    .collect();
-            }
-        }
+        let checked = self.check_constraints(records, upserts, part.up_idx)?;
+        rejects.extend(checked.rejects);
         rejects.sort_by_key(|(i, _)| *i);
-        let mut out = self.last_write_wins(upserts, &up_idx, part.del_ids, &part.del_idx)?;
+        let mut out =
+            self.last_write_wins(checked.rows, &checked.up_idx, part.del_ids, &part.del_idx)?;
         out.rejects = rejects.into_iter().map(|(_, r)| r).collect();
         Ok(out)
+    }
+
+    /// Oversized values are refused before any parsing. Returns the indices
+    /// of the others, and the rejects.
+    fn screen_sizes(&self, records: &[SourceRecord<'_>]) -> (Vec<usize>, Vec<(usize, Reject)>) {
+        let mut rejects = Vec::new();
+        let mut ok = Vec::with_capacity(records.len());
+        for (i, r) in records.iter().enumerate() {
+            match r.value {
+                Some(v) if v.len() > self.max_record_bytes => {
+                    let m = format!(
+                        "value is {} bytes, over errors.max_record_bytes = {}",
+                        v.len(),
+                        self.max_record_bytes
+                    );
+                    rejects.push((i, self.reject(r, RejectCode::Oversized, m, None)));
+                }
+                _ => ok.push(i),
+            }
+        }
+        (ok, rejects)
+    }
+
+    /// Decodes `records` as one batch; when it fails, splits the failing
+    /// batch in halves until each bad record fails alone. Good records stay
+    /// in batches, so a poll with b bad records of n costs O(b log n) batch
+    /// decodes, not n single-record ones. Halves are taken left first, so
+    /// rows come out in poll order.
+    fn part_or_split(&mut self, records: &[SourceRecord<'_>]) -> Result<Sorted> {
+        let mut out = Sorted::default();
+        let mut todo = vec![0..records.len()];
+        while let Some(range) = todo.pop() {
+            if range.is_empty() {
+                continue;
+            }
+            self.decodes += 1;
+            match self.part(&records[range.clone()]) {
+                Ok(p) => out.add(p, range.start),
+                Err(Fail::System(e)) => return Err(e),
+                Err(Fail::Record(code, m)) => {
+                    // Rebuild: a failed decoder may hold half a record.
+                    self.decoder = build_decoder(&self.value_schema, self.batch_size, self.strict)?;
+                    if range.len() > 1 {
+                        let mid = range.start + range.len() / 2;
+                        todo.push(mid..range.end);
+                        todo.push(range.start..mid);
+                        continue;
+                    }
+                    let r = &records[range.start];
+                    // arrow-json's errors are generic: name the field and
+                    // tell a type from an overflow.
+                    let generic = matches!(code, RejectCode::WrongType | RejectCode::NotAnObject);
+                    let (code, m) = match self.classify(r) {
+                        Some(better) if generic => better,
+                        _ => (code, m),
+                    };
+                    out.rejects.push((range.start, self.reject(r, code, m, None)));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `.pg` constraints (enum, `@range`, `@check`) over the decoded rows;
+    /// violating rows become rejects and leave the batch.
+    fn check_constraints(
+        &self,
+        records: &[SourceRecord<'_>],
+        upserts: Option<RecordBatch>,
+        up_idx: Vec<usize>,
+    ) -> Result<Checked> {
+        let unchanged = |rows, up_idx| Checked {
+            rows,
+            up_idx,
+            rejects: vec![],
+        };
+        let Some(rows) = upserts.as_ref().filter(|_| !self.validator.is_empty()) else {
+            return Ok(unchanged(upserts, up_idx));
+        };
+        let violations = self.validator.check(rows);
+        if violations.is_empty() {
+            return Ok(unchanged(upserts, up_idx));
+        }
+        let mut rejects = Vec::with_capacity(violations.len());
+        let mut keep = vec![true; rows.num_rows()];
+        for v in violations {
+            keep[v.row] = false;
+            let i = up_idx[v.row];
+            let row = row_json(rows, v.row);
+            rejects.push((i, self.reject(&records[i], v.code, v.message, row)));
+        }
+        let mask = BooleanArray::from(keep.clone());
+        let kept = filter_record_batch(rows, &mask).ctx("drop invalid rows")?;
+        let up_idx = up_idx
+            .into_iter()
+            .zip(keep)
+            .filter_map(|(i, k)| k.then_some(i))
+            .collect();
+        Ok(Checked {
+            rows: Some(kept),
+            up_idx,
+            rejects,
+        })
+    }
+
+    /// Batch decodes so far (tests: a bad record must not cost a decode per
+    /// record of its poll).
+    #[cfg(test)]
+    fn decodes(&self) -> u64 {
+        self.decodes
     }
 
     fn reject(
@@ -1017,6 +1088,35 @@ mod tests {
         assert_eq!(col(&ups, "age"), ["3"]);
         assert_eq!(out.deletes.unwrap().num_rows(), 1);
         assert!(out.rejects.is_empty());
+    }
+
+    /// One bad record among many costs a few batch decodes (halving), not
+    /// one decode per record of the poll, and the good rows all land.
+    #[test]
+    fn one_bad_record_does_not_re_decode_the_poll_record_by_record() {
+        let mut d = decoder("");
+        // The test decoder takes polls of up to 100 records.
+        let values: Vec<String> = (0..100)
+            .map(|i| match i {
+                63 => r#"{"name":"bad","age":"old"}"#.to_string(),
+                _ => format!(r#"{{"name":"n{i}","age":{}}}"#, i % 100),
+            })
+            .collect();
+        let recs: Vec<SourceRecord> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| rec(i as i64, None, Some(v.as_str())))
+            .collect();
+        let out = d.decode(&recs).unwrap();
+        assert_eq!(out.upserts.as_ref().unwrap().num_rows(), 99);
+        assert_eq!(out.rejects.len(), 1);
+        assert_eq!(out.rejects[0].offset, Some(63));
+        assert_eq!(out.rejects[0].code, RejectCode::WrongType);
+        // 1 + 2 per halving level (log2 100 < 7): well below 100.
+        assert!(d.decodes() <= 1 + 2 * 7, "{} decodes", d.decodes());
+        // Rows keep poll order around the hole.
+        let got = ids(out.upserts.as_ref().unwrap());
+        assert_eq!((got[62].as_str(), got[63].as_str()), ("n62", "n64"));
     }
 
     /// Each bad record becomes exactly one reject with its code; the good
