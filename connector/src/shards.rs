@@ -5,8 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use arrow::array::{Array, Int32Array, RecordBatch};
-use arrow::compute::filter_record_batch;
+use arrow::array::{Array, Int32Array, RecordBatch, UInt32Array};
 use lance::dataset::mem_wal::{
     evaluate_sharding_spec, BatchDurableWatcher, DatasetMemWalExt, FreezeFence, ShardManifestStore,
     ShardWriter, ShardWriterConfig,
@@ -234,16 +233,7 @@ impl TableShards {
         if self.shards.len() == 1 {
             return Ok(vec![(0, batch.clone())]);
         }
-        let mut out = Vec::new();
-        for b in 0..self.shards.len() {
-            let mask: arrow::array::BooleanArray =
-                col.iter().map(|v| Some(v == Some(b as i32))).collect();
-            if mask.true_count() == 0 {
-                continue;
-            }
-            out.push((b, filter_record_batch(batch, &mask).ctx("split by bucket")?));
-        }
-        Ok(out)
+        split_by_bucket(batch, col, self.shards.len())
     }
 
     /// Starts the WAL write of `batch` (rows) without waiting for durability.
@@ -276,6 +266,32 @@ impl TableShards {
         }
         Ok(out)
     }
+}
+
+/// One pass over the bucket column collects each bucket's row indices; one
+/// `take` per non-empty bucket then builds its batch (rows keep their order).
+fn split_by_bucket(
+    batch: &RecordBatch,
+    buckets: &Int32Array,
+    n: usize,
+) -> Result<Vec<(usize, RecordBatch)>> {
+    let mut rows: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for (i, b) in buckets.iter().enumerate() {
+        let b = b
+            .and_then(|b| usize::try_from(b).ok())
+            .filter(|&b| b < n)
+            .ok_or_else(|| Error::Corrupt(format!("row {i} routed to bucket {b:?} of {n}")))?;
+        rows[b].push(i as u32);
+    }
+    rows.into_iter()
+        .enumerate()
+        .filter(|(_, idx)| !idx.is_empty())
+        .map(|(b, idx)| {
+            let idx = UInt32Array::from(idx);
+            let part = arrow::compute::take_record_batch(batch, &idx).ctx("split by bucket")?;
+            Ok((b, part))
+        })
+        .collect()
 }
 
 #[derive(Clone, Copy)]
@@ -313,6 +329,33 @@ pub fn fenced_or(e: lance::Error, table: &str, bucket: u32, shard: Uuid, what: &
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_pass_split_keeps_every_row_once_in_order() {
+        use arrow::array::StringArray;
+        use arrow_schema::{DataType, Field, Schema};
+        let ids = StringArray::from(vec!["a", "b", "c", "d", "e"]);
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false)]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(ids)]).unwrap();
+        let buckets = Int32Array::from(vec![2, 0, 2, 2, 0]);
+        let parts = split_by_bucket(&batch, &buckets, 3).unwrap();
+        let got: Vec<(usize, Vec<String>)> = parts
+            .iter()
+            .map(|(b, p)| {
+                let c = p.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+                (*b, c.iter().map(|v| v.unwrap().to_string()).collect())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, vec!["b".to_string(), "e".to_string()]),
+                (2, vec!["a".to_string(), "c".to_string(), "d".to_string()]),
+            ]
+        );
+        // A bucket outside the shard count is corrupt state, not a panic.
+        assert!(split_by_bucket(&batch, &Int32Array::from(vec![0, 3, 0, 0, 0]), 3).is_err());
+    }
 
     #[test]
     fn shard_ids_are_deterministic_and_distinct() {
