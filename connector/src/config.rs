@@ -231,6 +231,44 @@ pub struct Mapping {
 
 impl Mapping {
     /// The graph type this mapping feeds.
+    fn validate(&self, i: usize) -> Result<()> {
+        let m = self;
+        if let Some(n) = m.buckets {
+            check_buckets(&format!("mapping[{i}].buckets"), n)?;
+        }
+        match (m.node.is_empty(), m.edge.is_empty()) {
+            (true, true) | (false, false) => {
+                return Err(Error::config(format!(
+                    "mapping[{i}]: set exactly one of node and edge"
+                )))
+            }
+            (false, true) if m.src.is_some() || m.dst.is_some() => {
+                return Err(Error::config(format!(
+                    "mapping[{i}]: src and dst are for edge mappings"
+                )))
+            }
+            (true, false) => {
+                if !matches!(m.key, None | Some(KeySource::Named(KeyOrigin::Kafka))) {
+                    return Err(Error::config(format!(
+                        "mapping[{i}].key: an edge's key can only be \"kafka\" (the Kafka key is the edge id)"
+                    )));
+                }
+                if m.src_field() == m.dst_field() {
+                    return Err(Error::config(format!(
+                        "mapping[{i}]: src and dst name the same field"
+                    )));
+                }
+            }
+            _ => {}
+        }
+        if m.dead_letter_topic.as_deref() == Some("") {
+            return Err(Error::config(format!(
+                "mapping[{i}].dead_letter_topic must not be empty"
+            )));
+        }
+        Ok(())
+    }
+
     pub fn type_name(&self) -> &str {
         if self.edge.is_empty() {
             &self.node
@@ -284,6 +322,32 @@ impl Config {
     }
 
     fn validate(&self) -> Result<()> {
+        self.validate_kafka()?;
+        self.validate_wal()?;
+        if self.mappings.is_empty() {
+            return Err(Error::config("at least one [[mapping]] is required"));
+        }
+        let mut topics = std::collections::HashSet::new();
+        for (i, m) in self.mappings.iter().enumerate() {
+            if !topics.insert(m.topic.as_str()) {
+                return Err(Error::config(format!(
+                    "mapping[{i}].topic: topic {:?} is mapped twice",
+                    m.topic
+                )));
+            }
+            m.validate(i)?;
+        }
+        self.validate_shared_types()?;
+        if self.errors.dead_letter_topic.is_empty() {
+            return Err(Error::config("errors.dead_letter_topic must not be empty"));
+        }
+        if self.errors.max_record_bytes == 0 {
+            return Err(Error::config("errors.max_record_bytes must be positive"));
+        }
+        Ok(())
+    }
+
+    fn validate_kafka(&self) -> Result<()> {
         for key in ["bootstrap.servers", "group.id"] {
             if !self.kafka.contains_key(key) {
                 return Err(Error::config(format!("kafka.\"{key}\" is required")));
@@ -296,6 +360,10 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn validate_wal(&self) -> Result<()> {
         check_buckets("wal.buckets", self.wal.buckets)?;
         if self.wal.flush_interval.is_zero() {
             return Err(Error::config("wal.flush_interval must be positive"));
@@ -308,73 +376,38 @@ impl Config {
         if self.offsets.commit_interval.is_zero() {
             return Err(Error::config("offsets.commit_interval must be positive"));
         }
-        if self.mappings.is_empty() {
-            return Err(Error::config("at least one [[mapping]] is required"));
-        }
-        let mut topics = std::collections::HashSet::new();
-        for (i, m) in self.mappings.iter().enumerate() {
-            if !topics.insert(m.topic.as_str()) {
-                return Err(Error::config(format!(
-                    "mapping[{i}].topic: topic {:?} is mapped twice",
-                    m.topic
-                )));
-            }
-            if let Some(n) = m.buckets {
-                check_buckets(&format!("mapping[{i}].buckets"), n)?;
-            }
-            match (m.node.is_empty(), m.edge.is_empty()) {
-                (true, true) | (false, false) => {
-                    return Err(Error::config(format!(
-                        "mapping[{i}]: set exactly one of node and edge"
-                    )))
-                }
-                (false, true) if m.src.is_some() || m.dst.is_some() => {
-                    return Err(Error::config(format!(
-                        "mapping[{i}]: src and dst are for edge mappings"
-                    )))
-                }
-                (true, false) => {
-                    if !matches!(m.key, None | Some(KeySource::Named(KeyOrigin::Kafka))) {
-                        return Err(Error::config(format!(
-                            "mapping[{i}].key: an edge's key can only be \"kafka\" (the Kafka key is the edge id)"
-                        )));
-                    }
-                    if m.src_field() == m.dst_field() {
-                        return Err(Error::config(format!(
-                            "mapping[{i}]: src and dst name the same field"
-                        )));
-                    }
-                }
-                _ => {}
-            }
-            if m.dead_letter_topic.as_deref() == Some("") {
-                return Err(Error::config(format!(
-                    "mapping[{i}].dead_letter_topic must not be empty"
-                )));
-            }
-        }
-        // Fold-time policies belong to the type; its topics must agree.
+        Ok(())
+    }
+
+    /// Bucket counts and fold-time policies belong to the type (one table,
+    /// one MemWAL): every topic that feeds a type must agree on them.
+    fn validate_shared_types(&self) -> Result<()> {
         for (i, a) in self.mappings.iter().enumerate() {
             for b in &self.mappings[..i] {
-                if a.type_name() == b.type_name()
-                    && (a.on_missing_endpoint != b.on_missing_endpoint
-                        || a.endpoint_deadline != b.endpoint_deadline
-                        || a.on_delete_referenced != b.on_delete_referenced)
-                {
-                    return Err(Error::config(format!(
-                        "mapping[{i}]: topics {} and {} feed {} with different fold policies",
-                        b.topic,
-                        a.topic,
-                        a.type_name()
-                    )));
+                if a.type_name() != b.type_name() {
+                    continue;
                 }
+                let what = if self.buckets_for(a) != self.buckets_for(b) {
+                    format!(
+                        "different buckets ({} and {})",
+                        self.buckets_for(b),
+                        self.buckets_for(a)
+                    )
+                } else if a.on_missing_endpoint != b.on_missing_endpoint
+                    || a.endpoint_deadline != b.endpoint_deadline
+                    || a.on_delete_referenced != b.on_delete_referenced
+                {
+                    "different fold policies".to_string()
+                } else {
+                    continue;
+                };
+                return Err(Error::config(format!(
+                    "mapping[{i}]: topics {} and {} feed {} with {what}",
+                    b.topic,
+                    a.topic,
+                    a.type_name()
+                )));
             }
-        }
-        if self.errors.dead_letter_topic.is_empty() {
-            return Err(Error::config("errors.dead_letter_topic must not be empty"));
-        }
-        if self.errors.max_record_bytes == 0 {
-            return Err(Error::config("errors.max_record_bytes must be positive"));
         }
         Ok(())
     }
@@ -689,5 +722,19 @@ node = "Person"
         ] {
             assert!(Config::from_toml(&bad, Path::new("/")).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn two_topics_of_one_type_must_agree_on_buckets() {
+        let two = |a: &str, b: &str| {
+            format!("{MIN}{a}\n[[mapping]]\ntopic = \"people2\"\nnode = \"Person\"\n{b}")
+        };
+        // Same count (explicit on one side, the default on the other): fine.
+        let c = Config::from_toml(&two("buckets = 4", ""), Path::new("/")).unwrap();
+        assert_eq!(c.mappings.len(), 2);
+        let e = Config::from_toml(&two("buckets = 8", ""), Path::new("/")).unwrap_err();
+        assert!(e.to_string().contains("different buckets (8 and 4)"), "{e}");
+        let e = Config::from_toml(&two("", "buckets = 2"), Path::new("/")).unwrap_err();
+        assert!(e.to_string().contains("feed Person with different buckets"), "{e}");
     }
 }
