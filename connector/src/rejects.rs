@@ -24,101 +24,113 @@ use crate::types::now_ms;
 
 const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6772_6170_6873_696e_6b00_0000_0000_0002);
 
-/// Where in the pipeline a record was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Stage {
-    /// Bytes → JSON → Arrow: shape, types, keys, endpoints.
-    Decode,
-    /// Decoded rows against `.pg` constraints (enum, `@range`, `@check`).
-    Validate,
-    /// Against the graph at fold time: endpoints, `@card`, `@unique`, deletes.
-    Fold,
+/// An enum whose variants have one stable string each: `as_str`, `FromStr`
+/// and serde all use the same table, so no name is mapped twice by hand.
+macro_rules! named_enum {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident {
+        $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+
+    }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(format!("unknown {} {s:?}", stringify!($name))),
+                }
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
 }
 
-impl Stage {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stage::Decode => "decode",
-            Stage::Validate => "validate",
-            Stage::Fold => "fold",
-        }
+named_enum! {
+    /// Where in the pipeline a record was refused.
+    pub enum Stage {
+        /// Bytes → JSON → Arrow: shape, types, keys, endpoints.
+        Decode => "decode",
+        /// Decoded rows against `.pg` constraints (enum, `@range`, `@check`).
+        Validate => "validate",
+        /// Against the graph at fold time: endpoints, `@card`, `@unique`, deletes.
+        Fold => "fold",
     }
 }
 
-/// Why a record was refused. The string forms are stable: users filter on
-/// them in `_ingest_rejects.code` and the `graphsink.code` header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RejectCode {
-    /// The value is not UTF-8.
-    NotUtf8,
-    /// The value is not valid JSON.
-    MalformedJson,
-    /// The value is JSON but not exactly one object.
-    NotAnObject,
-    /// The value is larger than `errors.max_record_bytes`.
-    Oversized,
-    /// A field the type does not declare (`unknown_fields = "reject"`).
-    UnknownField,
-    /// A field of the wrong JSON type, or an unparsable date, time or vector.
-    WrongType,
-    /// A number outside its integer type.
-    Overflow,
-    /// A required (non-`?`) property is missing or null.
-    MissingRequired,
-    /// The key (or a key part) is missing or unusable.
-    MissingKey,
-    /// The key in the value disagrees with the Kafka key.
-    KeyMismatch,
-    /// An edge record lacks a usable `src` or `dst`.
-    MissingEndpoint,
-    /// A tombstone whose Kafka key names nothing to delete.
-    BadTombstone,
-    /// Not one of the `enum(...)` values.
-    Enum,
-    /// Outside `@range`, or NaN.
-    Range,
-    /// Does not match `@check`.
-    Check,
-    /// An edge endpoint is not a node of the declared type (fold).
-    EndpointNotFound,
-    /// More edges per `src` than `@card` allows, or a delete below its min.
-    Cardinality,
-    /// Another row already holds this `@unique` tuple.
-    Unique,
-    /// A node delete while committed edges still reference it.
-    Referenced,
-    /// More deferred edges than `max_pending_edges`.
-    PendingOverflow,
+named_enum! {
+    /// Why a record was refused. The string forms are stable: users filter on
+    /// them in `_ingest_rejects.code` and the `graphsink.code` header.
+    pub enum RejectCode {
+        /// The value is not UTF-8.
+        NotUtf8 => "not_utf8",
+        /// The value is not valid JSON.
+        MalformedJson => "malformed_json",
+        /// The value is JSON but not exactly one object.
+        NotAnObject => "not_an_object",
+        /// The value is larger than `errors.max_record_bytes`.
+        Oversized => "oversized",
+        /// A field the type does not declare (`unknown_fields = "reject"`).
+        UnknownField => "unknown_field",
+        /// A field of the wrong JSON type, or an unparsable date, time or vector.
+        WrongType => "wrong_type",
+        /// A number outside its integer type.
+        Overflow => "overflow",
+        /// A required (non-`?`) property is missing or null.
+        MissingRequired => "missing_required",
+        /// The key (or a key part) is missing or unusable.
+        MissingKey => "missing_key",
+        /// The key in the value disagrees with the Kafka key.
+        KeyMismatch => "key_mismatch",
+        /// An edge record lacks a usable `src` or `dst`.
+        MissingEndpoint => "missing_endpoint",
+        /// A tombstone whose Kafka key names nothing to delete.
+        BadTombstone => "bad_tombstone",
+        /// Not one of the `enum(...)` values.
+        Enum => "enum",
+        /// Outside `@range`, or NaN.
+        Range => "range",
+        /// Does not match `@check`.
+        Check => "check",
+        /// An edge endpoint is not a node of the declared type (fold).
+        EndpointNotFound => "endpoint_not_found",
+        /// More edges per `src` than `@card` allows, or a delete below its min.
+        Cardinality => "cardinality",
+        /// Another row already holds this `@unique` tuple.
+        Unique => "unique",
+        /// A node delete while committed edges still reference it.
+        Referenced => "referenced",
+        /// More deferred edges than `max_pending_edges`.
+        PendingOverflow => "pending_overflow",
+    }
 }
 
 impl RejectCode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RejectCode::NotUtf8 => "not_utf8",
-            RejectCode::MalformedJson => "malformed_json",
-            RejectCode::NotAnObject => "not_an_object",
-            RejectCode::Oversized => "oversized",
-            RejectCode::UnknownField => "unknown_field",
-            RejectCode::WrongType => "wrong_type",
-            RejectCode::Overflow => "overflow",
-            RejectCode::MissingRequired => "missing_required",
-            RejectCode::MissingKey => "missing_key",
-            RejectCode::KeyMismatch => "key_mismatch",
-            RejectCode::MissingEndpoint => "missing_endpoint",
-            RejectCode::BadTombstone => "bad_tombstone",
-            RejectCode::Enum => "enum",
-            RejectCode::Range => "range",
-            RejectCode::Check => "check",
-            RejectCode::EndpointNotFound => "endpoint_not_found",
-            RejectCode::Cardinality => "cardinality",
-            RejectCode::Unique => "unique",
-            RejectCode::Referenced => "referenced",
-            RejectCode::PendingOverflow => "pending_overflow",
-        }
-    }
-
     pub fn stage(self) -> Stage {
         use RejectCode::*;
         match self {
@@ -357,9 +369,9 @@ pub fn from_batch(batch: &RecordBatch) -> Result<Vec<Reject>> {
     Ok(out)
 }
 
-fn parse_name<T: serde::de::DeserializeOwned>(what: &str, v: &str) -> Result<T> {
-    serde_json::from_value(serde_json::Value::String(v.into()))
-        .map_err(|e| Error::Corrupt(format!("{REJECTS_TABLE}: {what} {v:?}: {e}")))
+fn parse_name<T: std::str::FromStr<Err = String>>(what: &str, v: &str) -> Result<T> {
+    v.parse()
+        .map_err(|e| Error::Corrupt(format!("{REJECTS_TABLE}: {what}: {e}")))
 }
 
 fn encode_headers(h: &[(String, Option<Vec<u8>>)]) -> String {
@@ -679,5 +691,15 @@ mod tests {
             serde_json::to_value(RejectCode::EndpointNotFound).unwrap(),
             "endpoint_not_found"
         );
+        // One table of names: every code and stage survives text and serde.
+        for &c in RejectCode::ALL {
+            assert_eq!(c.as_str().parse::<RejectCode>(), Ok(c));
+            let json = serde_json::to_string(&c).unwrap();
+            assert_eq!(serde_json::from_str::<RejectCode>(&json).unwrap(), c);
+        }
+        for &st in Stage::ALL {
+            assert_eq!(st.as_str().parse::<Stage>(), Ok(st));
+        }
+        assert!("nope".parse::<RejectCode>().is_err());
     }
 }
