@@ -144,6 +144,7 @@ pub fn main() -> ExitCode {
             ExitCode::from(match e.kind() {
                 crate::ErrorKind::BadConfig => 2,
                 crate::ErrorKind::Fenced => 3,
+                crate::ErrorKind::NotFound => 4,
                 _ => 1,
             })
         }
@@ -470,12 +471,8 @@ impl RejectFilter {
 }
 
 fn parse_stage(s: &str) -> std::result::Result<Stage, String> {
-    match s {
-        "decode" => Ok(Stage::Decode),
-        "validate" => Ok(Stage::Validate),
-        "fold" => Ok(Stage::Fold),
-        _ => Err("expected decode, validate or fold".into()),
-    }
+    s.parse()
+        .map_err(|_| "expected decode, validate or fold".to_string())
 }
 
 fn parse_since(s: &str) -> std::result::Result<i64, String> {

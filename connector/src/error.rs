@@ -16,6 +16,11 @@ pub enum ErrorKind {
     Retry,
     /// On-disk state is not what graphsink wrote or expects.
     Corrupt,
+    /// What the caller asked for does not exist (e.g. a graph commit id).
+    NotFound,
+    /// graphsink itself failed (a panic): a bug to report; retrying the
+    /// same input is unlikely to help.
+    Bug,
 }
 
 #[derive(Debug, Error)]
@@ -68,6 +73,10 @@ pub enum Error {
     },
     #[error("corrupt graph state: {0}")]
     Corrupt(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{task} panicked: {message}")]
+    Panic { task: &'static str, message: String },
     #[error("failpoint {0} fired")]
     Failpoint(&'static str),
     #[error("{0}")]
@@ -95,7 +104,23 @@ impl Error {
             Error::Lance { source, .. } if source.fence_reason().is_some() => ErrorKind::Fenced,
             Error::Lance { .. } | Error::Arrow { .. } | Error::Other(_) => ErrorKind::Retry,
             Error::Corrupt(_) => ErrorKind::Corrupt,
+            Error::NotFound(_) => ErrorKind::NotFound,
+            Error::Panic { .. } => ErrorKind::Bug,
         }
+    }
+
+    /// A task that ended by panicking (or was cancelled) becomes `Panic`,
+    /// never a retryable error.
+    pub fn joined(task: &'static str, e: tokio::task::JoinError) -> Error {
+        let message = match e.try_into_panic() {
+            Ok(p) => p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic".into()),
+            Err(e) => e.to_string(),
+        };
+        Error::Panic { task, message }
     }
 }
 
@@ -119,5 +144,19 @@ impl<T> Context<T> for std::result::Result<T, arrow_schema::ArrowError> {
             context: context.to_string(),
             source,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_task_is_a_bug_not_a_retry() {
+        let joined = tokio::spawn(async { panic!("boom") }).await.unwrap_err();
+        let e = Error::joined("fold loop", joined);
+        assert_eq!(e.kind(), ErrorKind::Bug);
+        assert_eq!(e.to_string(), "fold loop panicked: boom");
+        assert_eq!(Error::NotFound("graph commit x".into()).kind(), ErrorKind::NotFound);
     }
 }

@@ -318,7 +318,7 @@ impl Graph {
         let rows = read_rows(ds, &format!("object_id = 'graph_commit:{id}'")).await?;
         let row = rows
             .first()
-            .ok_or_else(|| Error::config(format!("no graph commit {id}")))?;
+            .ok_or_else(|| Error::NotFound(format!("graph commit {id}")))?;
         parse_commit(row)
     }
 
@@ -634,3 +634,31 @@ pub async fn row_counts(graph: &Graph, commit: &GraphCommit) -> Result<HashMap<S
     Ok(out)
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[tokio::test]
+    async fn an_unknown_commit_id_is_not_found_not_bad_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml = r#"
+[graph]
+root = "g"
+schema = "x.pg"
+[kafka]
+"bootstrap.servers" = "127.0.0.1:1"
+"group.id" = "g"
+[[mapping]]
+topic = "t"
+node = "P"
+"#;
+        let cfg = Config::from_toml(toml, dir.path()).unwrap();
+        let schema = GraphSchema::parse("node P { name: String @key }", "x.pg").unwrap();
+        let g = Graph::open_or_init(&cfg, schema).await.unwrap();
+        let head = g.head().await.unwrap();
+        assert_eq!(g.commit(&head.id).await.unwrap(), head);
+        let e = g.commit("nope").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    }
+}

@@ -272,7 +272,7 @@ impl RunLoop<'_> {
                         Ok(Ok(())) if fold_stop.is_cancelled() => Ok(()),
                         Ok(Ok(())) => Err(Error::Other("fold loop ended unexpectedly".into())),
                         Ok(Err(e)) => Err(e),
-                        Err(e) => Err(Error::Other(format!("fold loop panicked: {e}"))),
+                        Err(e) => Err(Error::joined("fold loop", e)),
                     };
                 }
                 Some(req) = cuts.recv() => self.cut(req).await,
@@ -578,7 +578,7 @@ impl RunLoop<'_> {
             tokio::select! {
                 Some(req) = cuts.recv() => self.cut(req).await,
                 joined = &mut fold_task => {
-                    joined.map_err(|e| Error::Other(format!("fold loop panicked: {e}")))??;
+                    joined.map_err(|e| Error::joined("fold loop", e))??;
                     break;
                 }
             }
