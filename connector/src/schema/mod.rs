@@ -8,10 +8,11 @@ mod values;
 pub use tables::*;
 pub use values::{canonical_ids, row_json};
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use omnigraph_compiler::catalog::{Catalog, EdgeType, NodeType};
 use omnigraph_compiler::types::ScalarType;
 
 use crate::error::{Error, Result};
@@ -105,33 +106,10 @@ impl GraphSchema {
     }
 
     pub fn parse(text: &str, path: &str) -> Result<GraphSchema> {
-        let ast =
-            omnigraph_compiler::schema::parser::parse_schema_diagnostic(text).map_err(|d| {
-                let at = d
-                    .span
-                    .map(|s| {
-                        let (line, col) = line_col(text, s.start);
-                        format!("line {line}, column {col}: ")
-                    })
-                    .unwrap_or_default();
-                Error::Schema {
-                    path: path.into(),
-                    // pest repeats the source line; keep only its verdict.
-                    message: format!(
-                        "{at}{}",
-                        d.message.rsplit("= ").next().unwrap_or(&d.message).trim()
-                    ),
-                }
-            })?;
-        let catalog = omnigraph_compiler::build_catalog(&ast).map_err(|e| Error::Schema {
-            path: path.into(),
-            message: e.to_string().replace('\n', " "),
-        })?;
-
-        let mut types = Vec::new();
+        let catalog = parse_catalog(text, path)?;
         // omnigraph-compiler 0.8.0 stores the one bound of `..max` as a
         // minimum; the source text says which it was.
-        let max_only: std::collections::HashSet<String> =
+        let max_only: HashSet<String> =
             regex::Regex::new(r"@range\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,\s*\.\.")
                 .expect("valid regex")
                 .captures_iter(text)
@@ -139,88 +117,14 @@ impl GraphSchema {
                 .collect();
         let mut nodes: Vec<_> = catalog.node_types.values().collect();
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
-        for n in nodes {
-            let key = n.key.clone().ok_or_else(|| Error::Schema {
-                path: path.into(),
-                message: format!(
-                    "node {} has no @key: graphsink derives node ids from it",
-                    n.name
-                ),
-            })?;
-            if n.properties.contains_key(ID) && key != [ID] {
-                return Err(Error::Schema {
-                    path: path.into(),
-                    message: format!(
-                        "node {}: a property named id must be the node's single @key (it becomes the id column)",
-                        n.name
-                    ),
-                });
-            }
-            check_reserved(path, &n.name, n.properties.keys())?;
-            for k in &key {
-                let t = &n.properties[k];
-                if t.list || matches!(t.scalar, ScalarType::Vector(_) | ScalarType::Blob) {
-                    return Err(Error::Schema {
-                        path: path.into(),
-                        message: format!("node {}: @key property {k} must be a scalar", n.name),
-                    });
-                }
-            }
-            let mut t = GraphType::new(&n.name, TypeKind::Node, key, &n.arrow_schema);
-            t.constraints = Constraints {
-                enums: enums(&n.properties),
-                ranges: n
-                    .range_constraints
-                    .iter()
-                    .map(|r| {
-                        let (min, max) = (r.min.as_ref().map(bound), r.max.as_ref().map(bound));
-                        let (min, max) = match (min, max) {
-                            (Some(b), None) if max_only.contains(&r.property) => (None, Some(b)),
-                            other => other,
-                        };
-                        RangeCheck {
-                            property: r.property.clone(),
-                            min,
-                            max,
-                        }
-                    })
-                    .collect(),
-                checks: n
-                    .check_constraints
-                    .iter()
-                    .map(|c| (c.property.clone(), c.pattern.clone()))
-                    .collect(),
-                uniques: n.unique_constraints.clone(),
-            };
-            types.push(t);
-        }
         let mut edges: Vec<_> = catalog.edge_types.values().collect();
         edges.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut types = Vec::with_capacity(nodes.len() + edges.len());
+        for n in nodes {
+            types.push(node_type(n, path, &max_only)?);
+        }
         for e in edges {
-            if let Some(bad) = e
-                .properties
-                .keys()
-                .find(|p| [ID, "src", "dst"].contains(&p.as_str()))
-            {
-                return Err(Error::Schema {
-                    path: path.into(),
-                    message: format!("edge {}: property {bad} is reserved", e.name),
-                });
-            }
-            check_reserved(path, &e.name, e.properties.keys())?;
-            let mut t = GraphType::new(&e.name, TypeKind::Edge, vec![], &e.arrow_schema);
-            t.constraints = Constraints {
-                enums: enums(&e.properties),
-                uniques: e.unique_constraints.clone(),
-                ..Default::default()
-            };
-            t.ends = Some(EdgeEnds {
-                from: e.from_type.clone(),
-                to: e.to_type.clone(),
-                card_min: e.cardinality.min,
-                card_max: e.cardinality.max,
-            });
-            types.push(t);
+            types.push(edge_type(e, path)?);
         }
         Ok(GraphSchema {
             types,
@@ -282,6 +186,115 @@ impl GraphType {
             u.len() == 2 && u.contains(&"src".to_string()) && u.contains(&"dst".to_string())
         })
     }
+}
+
+/// `.pg` text → omnigraph's catalog, with errors as one line naming the
+/// line and column.
+fn parse_catalog(text: &str, path: &str) -> Result<Catalog> {
+    let ast = omnigraph_compiler::schema::parser::parse_schema_diagnostic(text).map_err(|d| {
+        let at = d
+            .span
+            .map(|s| {
+                let (line, col) = line_col(text, s.start);
+                format!("line {line}, column {col}: ")
+            })
+            .unwrap_or_default();
+        Error::Schema {
+            path: path.into(),
+            // pest repeats the source line; keep only its verdict.
+            message: format!(
+                "{at}{}",
+                d.message.rsplit("= ").next().unwrap_or(&d.message).trim()
+            ),
+        }
+    })?;
+    omnigraph_compiler::build_catalog(&ast).map_err(|e| Error::Schema {
+        path: path.into(),
+        message: e.to_string().replace('\n', " "),
+    })
+}
+
+fn node_type(n: &NodeType, path: &str, max_only: &HashSet<String>) -> Result<GraphType> {
+    let schema_err = |message: String| Error::Schema {
+        path: path.into(),
+        message,
+    };
+    let key = n.key.clone().ok_or_else(|| {
+        schema_err(format!(
+            "node {} has no @key: graphsink derives node ids from it",
+            n.name
+        ))
+    })?;
+    if n.properties.contains_key(ID) && key != [ID] {
+        return Err(schema_err(format!(
+            "node {}: a property named id must be the node's single @key (it becomes the id column)",
+            n.name
+        )));
+    }
+    check_reserved(path, &n.name, n.properties.keys())?;
+    for k in &key {
+        let t = &n.properties[k];
+        if t.list || matches!(t.scalar, ScalarType::Vector(_) | ScalarType::Blob) {
+            return Err(schema_err(format!(
+                "node {}: @key property {k} must be a scalar",
+                n.name
+            )));
+        }
+    }
+    let mut t = GraphType::new(&n.name, TypeKind::Node, key, &n.arrow_schema);
+    t.constraints = Constraints {
+        enums: enums(&n.properties),
+        ranges: n
+            .range_constraints
+            .iter()
+            .map(|r| {
+                let (min, max) = (r.min.as_ref().map(bound), r.max.as_ref().map(bound));
+                let (min, max) = match (min, max) {
+                    (Some(b), None) if max_only.contains(&r.property) => (None, Some(b)),
+                    other => other,
+                };
+                RangeCheck {
+                    property: r.property.clone(),
+                    min,
+                    max,
+                }
+            })
+            .collect(),
+        checks: n
+            .check_constraints
+            .iter()
+            .map(|c| (c.property.clone(), c.pattern.clone()))
+            .collect(),
+        uniques: n.unique_constraints.clone(),
+    };
+    Ok(t)
+}
+
+fn edge_type(e: &EdgeType, path: &str) -> Result<GraphType> {
+    if let Some(bad) = e
+        .properties
+        .keys()
+        .find(|p| [ID, "src", "dst"].contains(&p.as_str()))
+    {
+        return Err(Error::Schema {
+            path: path.into(),
+            message: format!("edge {}: property {bad} is reserved", e.name),
+        });
+    }
+    check_reserved(path, &e.name, e.properties.keys())?;
+    let mut t = GraphType::new(&e.name, TypeKind::Edge, vec![], &e.arrow_schema);
+    t.constraints = Constraints {
+        enums: enums(&e.properties),
+        uniques: e.unique_constraints.clone(),
+        ..Default::default()
+    };
+    t.ends = Some(EdgeEnds {
+        from: e.from_type.clone(),
+        to: e.to_type.clone(),
+        card_min: e.cardinality.min,
+        card_max: e.cardinality.max,
+    });
+    Ok(t)
 }
 
 fn enums(
