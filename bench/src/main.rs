@@ -188,80 +188,20 @@ async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
         Some(b) => Broker::external(b.clone()),
         None => Broker::start_tansu(a.tansu_bin.clone(), dir)?,
     };
-    // Unique names, so reruns against a shared broker never read old data.
-    let run_id = chrono::Utc::now().format("%Y%m%d%H%M%S").to_string();
-    if !(0.0..=1.0).contains(&a.edge_fraction) {
-        return Err("--edge-fraction must be within 0..=1".into());
-    }
-    let has_edges = a.edge_fraction > 0.0;
-    let t = Target {
-        bootstrap: broker.bootstrap.clone(),
-        topics: workload::Topics {
-            nodes: format!("bench-items-{run_id}"),
-            edges: has_edges.then(|| format!("bench-links-{run_id}")),
-            partitions: a.partitions,
-        },
-        consumer_props: {
-            let mut p = a.consumer_props.clone();
-            if a.fetch_wait_ms > 0 && !p.iter().any(|(k, _)| k == "fetch.wait.max.ms") {
-                p.push(("fetch.wait.max.ms".into(), a.fetch_wait_ms.to_string()));
-            }
-            p
-        },
-        commit_every: Duration::from_millis(a.commit_interval_ms.max(1)),
-        wal_flush: Duration::from_millis(a.wal_flush_ms.max(1)),
-    };
-    let group = |name: &str| format!("bench-{name}-{run_id}");
-    let mut shape = Shape {
-        keys: a.keys.unwrap_or((a.records / 2).max(1)),
-        value_bytes: a.value_bytes,
-        edge_fraction: a.edge_fraction,
-        edge_keys: 1,
-        endpoints: 1,
-    };
-    let edges = shape.edges_in(a.records);
-    let nodes = a.records - edges;
-    // Edge ids repeat as often as node keys do; endpoints are any backlog
-    // node record's key.
-    shape.edge_keys = (edges / 2).max(1);
-    shape.endpoints = nodes.max(1);
-    if has_edges && nodes == 0 {
-        return Err("an edge mix needs node records for its endpoints".into());
-    }
-    let every = Duration::from_millis(a.sample_ms);
-    let mut r = Report {
-        build: if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
-        broker: if a.broker.is_some() {
-            t.bootstrap.clone()
-        } else {
-            format!("tansu 0.6.0 memory at {}", t.bootstrap)
-        },
-        workload: serde_json::json!({
-            "records": a.records, "node_records": nodes, "edge_records": edges,
-            "keys": shape.keys, "edge_keys": if has_edges { shape.edge_keys } else { 0 },
-            "value_bytes": a.value_bytes,
-            "partitions": a.partitions, "buckets": a.buckets, "fold_interval": a.fold_interval,
-            "direct_batch": a.direct_batch, "commit_interval_ms": a.commit_interval_ms, "wal_flush_ms": a.wal_flush_ms,
-            "consumer_props": t.consumer_props, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
-        }),
-        commit_sample_interval_ms: a.sample_ms,
-        ..Default::default()
-    };
-
-    for topic in t.topics.names() {
+    let run = Run::new(a, &broker)?;
+    let mut r = run.report(a);
+    for topic in run.t.topics.names() {
         broker.create_topic(topic, a.partitions).await?;
     }
     eprintln!(
-        "producing {} records ({nodes} nodes, {edges} edges) to {} ...",
+        "producing {} records ({} nodes, {} edges) to {} ...",
         a.records,
-        t.topics.names().join(", ")
+        run.nodes,
+        run.edges,
+        run.t.topics.names().join(", ")
     );
     let backlog = {
-        let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
+        let (bs, topics, shape) = (run.t.bootstrap.clone(), run.t.topics.clone(), run.shape);
         let n = a.records;
         tokio::task::spawn_blocking(move || workload::produce_backlog(&bs, &topics, shape, n))
             .await??
@@ -270,112 +210,235 @@ async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
     // Every phase stops at these ends, taken from the broker's acks, and
     // must have consumed exactly this many records.
     let ends = backlog.ends.clone();
+    run.baselines(a, dir, &ends, &mut r).await?;
+    run.graphsink(a, dir, &ends, &mut r).await?;
+    run.fold(a, dir, &ends, &mut r).await?;
+    if a.latency_rate > 0 {
+        run.latency(a, dir, &mut r).await?;
+    }
+    r.ratio_graphsink_bare = r.graphsink_records_per_s / r.bare_records_per_s;
+    r.ratio_graphsink_direct = r.graphsink_records_per_s / r.direct_records_per_s;
+    add_notes(a, &mut r);
+    drop(broker);
+    Ok(r)
+}
 
-    eprintln!("(a) bare consumer ...");
-    measure::reset_peak_rss();
-    let (tc, gb, e2) = (t.clone(), group("bare"), ends.clone());
-    let bare = tokio::task::spawn_blocking(move || baselines::bare(&tc, &gb, &e2)).await??;
-    r.counted("bare", bare.records, a.records);
-    r.bare_records_per_s = bare.rate();
-    r.bare_peak_rss_mib = measure::peak_rss_mib();
+/// What every phase of one bench run shares.
+struct Run {
+    t: Target,
+    shape: Shape,
+    nodes: u64,
+    edges: u64,
+    /// Unique per run, so reruns against a shared broker never read old data.
+    run_id: String,
+    every: Duration,
+}
 
-    eprintln!("(b) direct load ...");
-    measure::reset_peak_rss();
-    let direct = baselines::direct(
-        &t,
-        &group("direct"),
-        &ends,
-        &sink::root_in(dir, "direct"),
-        a.direct_batch,
-    )
-    .await?;
-    r.counted("direct", direct.records, a.records);
-    r.direct_records_per_s = direct.rate();
-    r.direct_batches = direct.batches;
-    r.direct_peak_rss_mib = measure::peak_rss_mib();
+impl Run {
+    fn new(a: &Args, broker: &Broker) -> Result<Run, BoxError> {
+        let run_id = chrono::Utc::now().format("%Y%m%d%H%M%S").to_string();
+        if !(0.0..=1.0).contains(&a.edge_fraction) {
+            return Err("--edge-fraction must be within 0..=1".into());
+        }
+        let has_edges = a.edge_fraction > 0.0;
+        let mut consumer_props = a.consumer_props.clone();
+        if a.fetch_wait_ms > 0 && !consumer_props.iter().any(|(k, _)| k == "fetch.wait.max.ms") {
+            consumer_props.push(("fetch.wait.max.ms".into(), a.fetch_wait_ms.to_string()));
+        }
+        let t = Target {
+            bootstrap: broker.bootstrap.clone(),
+            topics: workload::Topics {
+                nodes: format!("bench-items-{run_id}"),
+                edges: has_edges.then(|| format!("bench-links-{run_id}")),
+                partitions: a.partitions,
+            },
+            consumer_props,
+            commit_every: Duration::from_millis(a.commit_interval_ms.max(1)),
+            wal_flush: Duration::from_millis(a.wal_flush_ms.max(1)),
+        };
+        let mut shape = Shape {
+            keys: a.keys.unwrap_or((a.records / 2).max(1)),
+            value_bytes: a.value_bytes,
+            edge_fraction: a.edge_fraction,
+            edge_keys: 1,
+            endpoints: 1,
+        };
+        let edges = shape.edges_in(a.records);
+        let nodes = a.records - edges;
+        // Edge ids repeat as often as node keys do; endpoints are any backlog
+        // node record's key.
+        shape.edge_keys = (edges / 2).max(1);
+        shape.endpoints = nodes.max(1);
+        if has_edges && nodes == 0 {
+            return Err("an edge mix needs node records for its endpoints".into());
+        }
+        Ok(Run {
+            t,
+            shape,
+            nodes,
+            edges,
+            run_id,
+            every: Duration::from_millis(a.sample_ms),
+        })
+    }
 
-    eprintln!("graphsink over the backlog ...");
-    let gs_root = sink::root_in(dir, "graph");
-    let gs_cfg = || {
+    fn group(&self, name: &str) -> String {
+        format!("bench-{name}-{}", self.run_id)
+    }
+
+    fn has_edges(&self) -> bool {
+        self.t.topics.edges.is_some()
+    }
+
+    fn report(&self, a: &Args) -> Report {
+        let (t, shape) = (&self.t, &self.shape);
+        Report {
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+            broker: if a.broker.is_some() {
+                t.bootstrap.clone()
+            } else {
+                format!("tansu 0.6.0 memory at {}", t.bootstrap)
+            },
+            workload: serde_json::json!({
+                "records": a.records, "node_records": self.nodes, "edge_records": self.edges,
+                "keys": shape.keys, "edge_keys": if self.has_edges() { shape.edge_keys } else { 0 },
+                "value_bytes": a.value_bytes,
+                "partitions": a.partitions, "buckets": a.buckets, "fold_interval": a.fold_interval,
+                "direct_batch": a.direct_batch, "commit_interval_ms": a.commit_interval_ms, "wal_flush_ms": a.wal_flush_ms,
+                "consumer_props": t.consumer_props, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
+            }),
+            commit_sample_interval_ms: a.sample_ms,
+            ..Default::default()
+        }
+    }
+
+    fn graphsink_config(&self, a: &Args, dir: &Path) -> Result<graphsink::Config, BoxError> {
         measure::graphsink_config(
-            &t,
+            &self.t,
             dir,
-            &gs_root,
-            &group("graphsink"),
+            &sink::root_in(dir, "graph"),
+            &self.group("graphsink"),
             a.buckets,
             &sink::fold_every(&a.fold_interval),
         )
-    };
-    let gs = sink::backlog(&t, gs_cfg()?, &ends, every).await?;
-    r.graphsink_records_per_s = gs.timed_records as f64 / gs.secs;
-    r.graphsink_timed_records = gs.timed_records;
-    r.graphsink_secs = gs.secs;
-    r.graphsink_commits_published = gs.published.seen.len();
-    r.graphsink_peak_rss_mib = gs.peak_rss_mib;
-    r.graphsink_run_loop = gs.run_loop.clone();
-    // Nothing lost: the graph holds one row per distinct key, and no edge
-    // is left waiting (every endpoint is a backlog node).
-    let (want_nodes, want_edges) = workload::distinct_keys(shape, a.records);
-    r.expected_rows
-        .insert(format!("nodes/{}", workload::NODE), want_nodes);
-    if has_edges {
-        r.expected_rows
-            .insert(format!("edges/{}", workload::EDGE), want_edges);
-        r.expected_rows
-            .insert(format!("_pending/{}", workload::EDGE), 0);
     }
-    {
-        let g = graphsink::graph::Graph::open_readonly(gs_root.clone()).await?;
-        let head = g.head().await?;
-        let rows = graphsink::graph::row_counts(&g, &head).await?;
-        for (table, want) in &r.expected_rows {
-            let got = rows.get(table).copied().unwrap_or(0);
-            r.graph_rows.insert(table.clone(), got);
-            if got != *want {
-                r.count_mismatch = true;
-                r.notes.push(format!(
-                    "COUNT MISMATCH: {table} holds {got} rows, expected {want}"
-                ));
-            }
+
+    /// (a) the bare consumer and (b) the direct Lance load.
+    async fn baselines(
+        &self,
+        a: &Args,
+        dir: &Path,
+        ends: &[i64],
+        r: &mut Report,
+    ) -> Result<(), BoxError> {
+        eprintln!("(a) bare consumer ...");
+        measure::reset_peak_rss();
+        let (tc, gb, e2) = (self.t.clone(), self.group("bare"), ends.to_vec());
+        let bare = tokio::task::spawn_blocking(move || baselines::bare(&tc, &gb, &e2)).await??;
+        r.counted("bare", bare.records, a.records);
+        r.bare_records_per_s = bare.rate();
+        r.bare_peak_rss_mib = measure::peak_rss_mib();
+
+        eprintln!("(b) direct load ...");
+        measure::reset_peak_rss();
+        let direct = baselines::direct(
+            &self.t,
+            &self.group("direct"),
+            ends,
+            &sink::root_in(dir, "direct"),
+            a.direct_batch,
+        )
+        .await?;
+        r.counted("direct", direct.records, a.records);
+        r.direct_records_per_s = direct.rate();
+        r.direct_batches = direct.batches;
+        r.direct_peak_rss_mib = measure::peak_rss_mib();
+        Ok(())
+    }
+
+    /// graphsink over the backlog, then its graph's row counts checked.
+    async fn graphsink(
+        &self,
+        a: &Args,
+        dir: &Path,
+        ends: &[i64],
+        r: &mut Report,
+    ) -> Result<(), BoxError> {
+        eprintln!("graphsink over the backlog ...");
+        let gs = sink::backlog(&self.t, self.graphsink_config(a, dir)?, ends, self.every).await?;
+        r.graphsink_records_per_s = gs.timed_records as f64 / gs.secs;
+        r.graphsink_timed_records = gs.timed_records;
+        r.graphsink_secs = gs.secs;
+        r.graphsink_commits_published = gs.published.seen.len();
+        r.graphsink_peak_rss_mib = gs.peak_rss_mib;
+        r.graphsink_run_loop = gs.run_loop.clone();
+        // Nothing lost: the graph holds one row per distinct key, and no edge
+        // is left waiting (every endpoint is a backlog node).
+        let (want_nodes, want_edges) = workload::distinct_keys(self.shape, a.records);
+        r.expected_rows
+            .insert(format!("nodes/{}", workload::NODE), want_nodes);
+        if self.has_edges() {
+            r.expected_rows
+                .insert(format!("edges/{}", workload::EDGE), want_edges);
+            r.expected_rows
+                .insert(format!("_pending/{}", workload::EDGE), 0);
         }
+        check_rows(&sink::root_in(dir, "graph"), r).await?;
+        r.counted("graphsink", gs.records, a.records);
+        Ok(())
     }
-    r.counted("graphsink", gs.records, a.records);
 
-    eprintln!("graphsink with folding off, then one timed fold ...");
-    let nf_cfg = measure::graphsink_config(
-        &t,
-        dir,
-        &sink::root_in(dir, "graph-nofold"),
-        &group("nofold"),
-        a.buckets,
-        sink::FOLD_OFF,
-    )?;
-    // Before the paced phases, so it reads exactly the backlog.
-    let nf_path = dir.join(format!("{}.toml", group("nofold")));
-    let fold = sink::fold_cost(&t, nf_cfg, &nf_path, &ends, every, a.fold_in_process).await?;
-    r.counted("graphsink (folding off)", fold.rows, a.records);
-    r.graphsink_nofold_records_per_s = fold.ingest_rate;
-    r.fold_rows = fold.rows;
-    r.fold_secs = fold.fold.secs;
-    r.fold_rows_per_s = fold.rows as f64 / fold.fold.secs;
-    r.fold_upserted = fold.fold.upserted;
-    r.graphsink_nofold_peak_rss_mib = fold.ingest_peak_rss_mib;
-    r.fold_peak_rss_mib = fold.fold.peak_rss_mib;
-    r.fold_start_rss_mib = fold.fold.start_rss_mib;
+    /// graphsink with folding off, then one timed fold. Before the paced
+    /// phases, so it reads exactly the backlog.
+    async fn fold(
+        &self,
+        a: &Args,
+        dir: &Path,
+        ends: &[i64],
+        r: &mut Report,
+    ) -> Result<(), BoxError> {
+        eprintln!("graphsink with folding off, then one timed fold ...");
+        let nf_cfg = measure::graphsink_config(
+            &self.t,
+            dir,
+            &sink::root_in(dir, "graph-nofold"),
+            &self.group("nofold"),
+            a.buckets,
+            sink::FOLD_OFF,
+        )?;
+        let nf_path = dir.join(format!("{}.toml", self.group("nofold")));
+        let fold =
+            sink::fold_cost(&self.t, nf_cfg, &nf_path, ends, self.every, a.fold_in_process).await?;
+        r.counted("graphsink (folding off)", fold.rows, a.records);
+        r.graphsink_nofold_records_per_s = fold.ingest_rate;
+        r.fold_rows = fold.rows;
+        r.fold_secs = fold.fold.secs;
+        r.fold_rows_per_s = fold.rows as f64 / fold.fold.secs;
+        r.fold_upserted = fold.fold.upserted;
+        r.graphsink_nofold_peak_rss_mib = fold.ingest_peak_rss_mib;
+        r.fold_peak_rss_mib = fold.fold.peak_rss_mib;
+        r.fold_start_rss_mib = fold.fold.start_rss_mib;
+        Ok(())
+    }
 
-    if a.latency_rate > 0 {
+    /// graphsink, then the bare consumer, under a paced producer.
+    async fn latency(&self, a: &Args, dir: &Path, r: &mut Report) -> Result<(), BoxError> {
         eprintln!(
             "graphsink under a paced producer ({} records/s for {} s) ...",
             a.latency_rate, a.latency_secs
         );
         let settle = Duration::from_secs(60) + humantime_secs(&a.fold_interval) * 3;
         let live = sink::live(
-            &t,
-            gs_cfg()?,
-            shape,
+            &self.t,
+            self.graphsink_config(a, dir)?,
+            self.shape,
             a.latency_rate,
             a.latency_secs,
-            every,
+            self.every,
             settle,
         )
         .await?;
@@ -394,22 +457,42 @@ async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
 
         eprintln!("bare consumer under the same paced producer ...");
         let bare_ms = sink::bare_live(
-            &t,
-            &group("bare-live"),
-            shape,
+            &self.t,
+            &self.group("bare-live"),
+            self.shape,
             a.latency_rate,
             a.latency_secs,
-            every,
+            self.every,
             settle,
             // The backlog, graphsink's primer and its paced records.
             a.records + 1 + live.records as u64,
         )
         .await?;
         r.bare_durable_ack_latency = Latency::of(bare_ms);
+        Ok(())
     }
+}
 
-    r.ratio_graphsink_bare = r.graphsink_records_per_s / r.bare_records_per_s;
-    r.ratio_graphsink_direct = r.graphsink_records_per_s / r.direct_records_per_s;
+/// Compares the graph's rows at its head with `r.expected_rows`; a
+/// difference is a COUNT MISMATCH note.
+async fn check_rows(root: &str, r: &mut Report) -> Result<(), BoxError> {
+    let g = graphsink::graph::Graph::open_readonly(root.to_string()).await?;
+    let head = g.head().await?;
+    let rows = graphsink::graph::row_counts(&g, &head).await?;
+    for (table, want) in &r.expected_rows {
+        let got = rows.get(table).copied().unwrap_or(0);
+        r.graph_rows.insert(table.clone(), got);
+        if got != *want {
+            r.count_mismatch = true;
+            r.notes.push(format!(
+                "COUNT MISMATCH: {table} holds {got} rows, expected {want}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn add_notes(a: &Args, r: &mut Report) {
     r.notes.push(format!(
         "records/s: first fetch → all offsets committed (committed offsets sampled every {} ms); for graphsink the clock starts when RunStats.consumed first moves and counts only the records after that first poll; durable-ack latency: record timestamp → first sample showing its offset committed (resolution {} ms + one OffsetFetch round trip; bounded below by offsets.commit_interval and wal.flush_interval)",
         a.sample_ms, a.sample_ms
@@ -417,9 +500,6 @@ async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
     r.notes.push("peak RSS: VmHWM after resetting it (clear_refs 5) at the start of each phase; includes memory the allocator kept from earlier phases and the bench's own samplers; the fold runs in a fresh child process, so its peak is its own (start = the child's RSS before folding)".into());
     r.notes.push("direct load: plain Lance tables keyed on sku (nodes) and the Kafka key (edges), no provenance columns, no endpoint checks, no graph commit; the bare and direct baselines read a backlog that earlier phases may have warmed in the broker".into());
     r.notes.push("every phase stops at end offsets taken from the producer's acks (not the broker's high watermarks) and is checked to have consumed exactly the produced records".into());
-
-    drop(broker);
-    Ok(r)
 }
 
 fn parse_prop(s: &str) -> Result<(String, String), String> {
