@@ -12,7 +12,6 @@ use clap::{Parser, Subcommand};
 use futures::TryStreamExt;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -382,22 +381,8 @@ async fn produce(
     Ok(())
 }
 
-/// The `[kafka]` properties a producer or admin client needs to reach the
-/// cluster (addresses, TLS, SASL), without the consumer-group ones.
 fn connection_config(config: &Config) -> rdkafka::ClientConfig {
-    let mut cc = rdkafka::ClientConfig::new();
-    for (k, v) in &config.kafka {
-        let connection = matches!(
-            k.as_str(),
-            "bootstrap.servers" | "client.id" | "security.protocol" | "broker.address.family"
-        ) || ["sasl.", "ssl.", "socket."]
-            .iter()
-            .any(|p| k.starts_with(p));
-        if connection {
-            cc.set(k, v);
-        }
-    }
-    cc
+    crate::kafka::client::producer_config(&config.kafka)
 }
 
 fn fmt_ms(ms: i64) -> String {
@@ -412,22 +397,7 @@ fn fmt_age(ms: i64) -> String {
     humantime_serde::re::humantime::format_duration(Duration::from_secs(secs)).to_string()
 }
 
-/// A client context for one-shot commands: librdkafka's connection errors
-/// and logs go to debug, since the command reports a failure once, as its
-/// error line (`RUST_LOG=rdkafka=debug` shows them).
-struct QuietContext;
-
-impl rdkafka::ClientContext for QuietContext {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        tracing::debug!(target: "rdkafka::client", ?level, fac, "librdkafka: {message}");
-    }
-
-    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        tracing::debug!(target: "rdkafka::client", "librdkafka: {error}: {reason}");
-    }
-}
-
-impl rdkafka::consumer::ConsumerContext for QuietContext {}
+use crate::kafka::client::QuietContext;
 
 // ---- rejects, replay-rejects ----------------------------------------------
 
@@ -661,111 +631,13 @@ async fn replay_rejects(
         return Ok(());
     }
     if !replay.is_empty() {
-        produce_rejects(&config, to, &replay).await?;
+        crate::kafka::produce::replay(&config, to, &replay).await?;
     }
     println!(
         "replayed {} to {to} (skipped {skipped})",
         rejects_n(replay.len())
     );
     Ok(())
-}
-
-/// Produces the original records of `rejects` to `topic` in order, with
-/// `acks=all`, and waits for every delivery; any failure is an error.
-async fn produce_rejects(config: &Config, topic: &str, rejects: &[Reject]) -> Result<()> {
-    use rdkafka::error::KafkaError;
-    use rdkafka::types::RDKafkaErrorCode;
-    let producer: FutureProducer<QuietContext> = connection_config(config)
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .set("message.timeout.ms", "30000")
-        .create_with_context(QuietContext)?;
-    // A missing topic would only show as a delivery timeout.
-    let servers = config
-        .kafka
-        .get("bootstrap.servers")
-        .map_or("", String::as_str);
-    let md = tokio::task::block_in_place(|| {
-        producer
-            .client()
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-    })
-    .map_err(|e| {
-        Error::Other(format!(
-            "kafka at {servers}: cannot fetch metadata of {topic}: {e}"
-        ))
-    })?;
-    let unknown = md.topics().iter().any(|t| {
-        t.name() == topic
-            && t.error().map(rdkafka::types::RDKafkaErrorCode::from)
-                == Some(RDKafkaErrorCode::UnknownTopicOrPartition)
-    });
-    if unknown {
-        return Err(Error::config(format!(
-            "topic {topic} does not exist at {servers} (create it first)"
-        )));
-    }
-    let mut deliveries = Vec::with_capacity(rejects.len());
-    for r in rejects {
-        let mut h = OwnedHeaders::new_with_capacity(r.headers.len());
-        for (k, v) in r
-            .headers
-            .iter()
-            .filter(|(k, _)| !rejects::headers::is_ours(k))
-        {
-            h = h.insert(Header {
-                key: k,
-                value: v.as_deref(),
-            });
-        }
-        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(h);
-        if let Some(k) = r.key.as_deref() {
-            rec = rec.key(k);
-        }
-        if let Some(v) = r.value.as_deref() {
-            rec = rec.payload(v);
-        }
-        if let Some(ts) = r.timestamp {
-            rec = rec.timestamp(ts);
-        }
-        loop {
-            match producer.send_result(rec) {
-                Ok(d) => {
-                    deliveries.push((r, d));
-                    break;
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    rec = back;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err((e, _)) => {
-                    return Err(Error::Other(format!(
-                        "replay to {topic}: cannot queue reject {} ({} queued before): {e}",
-                        r.reject_id,
-                        deliveries.len()
-                    )))
-                }
-            }
-        }
-    }
-    let total = deliveries.len();
-    let mut failed = 0usize;
-    let mut first = None;
-    for (r, d) in deliveries {
-        let err = match d.await {
-            Ok(Ok(_)) => continue,
-            Ok(Err((e, _))) => e.to_string(),
-            Err(_) => "the producer dropped the delivery".to_string(),
-        };
-        failed += 1;
-        first.get_or_insert(format!("reject {}: {err}", r.reject_id));
-    }
-    match first {
-        None => Ok(()),
-        Some(first) => Err(Error::Other(format!(
-            "replay to {topic}: {failed} of {total} deliveries failed (first: {first})"
-        ))),
-    }
 }
 
 // ---- status -----------------------------------------------------------------
@@ -940,7 +812,7 @@ fn kafka_status(config: &Config) -> Result<KafkaStatus> {
         Error::Other(format!("kafka at {servers}: cannot {what}: {e}"))
     };
     let consumer: BaseConsumer<QuietContext> =
-        crate::consumer::client_config(config).create_with_context(QuietContext)?;
+        crate::kafka::client::consumer_config(config).create_with_context(QuietContext)?;
     let mut topics: Vec<&str> = config.mappings.iter().map(|m| m.topic.as_str()).collect();
     topics.sort();
     topics.dedup();
