@@ -16,6 +16,7 @@ pub mod graph;
 pub(crate) mod kafka;
 pub mod offsets;
 pub mod pipeline;
+pub(crate) mod query;
 pub mod rejects;
 pub mod schema;
 pub mod shards;
