@@ -230,7 +230,10 @@ impl FoldTask {
     }
 
     /// How the fold task ended, as the run loop's result.
-    fn ended(&mut self, joined: std::result::Result<Result<()>, tokio::task::JoinError>) -> Result<()> {
+    fn ended(
+        &mut self,
+        joined: std::result::Result<Result<()>, tokio::task::JoinError>,
+    ) -> Result<()> {
         self.joined = true;
         match joined {
             Ok(Ok(())) if self.stop.is_cancelled() => Ok(()),
@@ -720,7 +723,10 @@ mod tests {
         fold_task(handle, &stop, &stop_delivery, cuts)
             .abandon(Duration::from_secs(20))
             .await;
-        assert!(started.elapsed() < Duration::from_secs(10), "no wait for the bound");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no wait for the bound"
+        );
         assert!(gone.has_changed().is_err(), "the fold task ended first");
     }
 

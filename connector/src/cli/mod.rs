@@ -242,10 +242,16 @@ async fn replay_rejects(
         for r in &selection.replay {
             println!("{}", print::reject_line(r));
         }
-        println!("would replay {} to {to} (skipped {skipped})", print::rejects_n(n));
+        println!(
+            "would replay {} to {to} (skipped {skipped})",
+            print::rejects_n(n)
+        );
         return Ok(());
     }
     query::rejects::replay(config, to, &selection.replay).await?;
-    println!("replayed {} to {to} (skipped {skipped})", print::rejects_n(n));
+    println!(
+        "replayed {} to {to} (skipped {skipped})",
+        print::rejects_n(n)
+    );
     Ok(())
 }

@@ -261,7 +261,10 @@ mod tests {
         let json = reject_json(&r);
         assert_eq!(json["key"], "k");
         assert_eq!(json["value"]["base64"], "/w==");
-        assert_eq!(json["headers"], serde_json::json!([["h", "v"], ["n", null]]));
+        assert_eq!(
+            json["headers"],
+            serde_json::json!([["h", "v"], ["n", null]])
+        );
         let line = reject_line(&r);
         assert!(line.contains("  validate  range  "), "{line}");
         assert!(line.contains("  t/0@3  "), "{line}");

@@ -173,7 +173,10 @@ mod tests {
         assert_eq!(cc.get("enable.auto.commit"), Some("false"));
         assert_eq!(cc.get("enable.auto.offset.store"), Some("false"));
         assert_eq!(cc.get("auto.offset.reset"), Some("latest"));
-        assert_eq!(cc.get("partition.assignment.strategy"), Some("cooperative-sticky"));
+        assert_eq!(
+            cc.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
         assert_eq!(cc.get("group.id"), Some("g"));
     }
 }

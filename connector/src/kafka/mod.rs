@@ -22,9 +22,7 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 /// panics) or outside any runtime, the call runs inline.
 pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),
     }
 }

@@ -51,7 +51,11 @@ pub(crate) async fn produce(config: &Config, topic: &str, records: &[KeyValue]) 
         if let Some(v) = &r.value {
             rec = rec.payload(v);
         }
-        pending.push(producer.send_result(rec).map_err(|(e, _)| Error::Kafka(e))?);
+        pending.push(
+            producer
+                .send_result(rec)
+                .map_err(|(e, _)| Error::Kafka(e))?,
+        );
     }
     for p in pending {
         p.await
@@ -93,7 +97,8 @@ fn require_topic(
     })?;
     let unknown = md.topics().iter().any(|t| {
         t.name() == topic
-            && t.error().map(RDKafkaErrorCode::from) == Some(RDKafkaErrorCode::UnknownTopicOrPartition)
+            && t.error().map(RDKafkaErrorCode::from)
+                == Some(RDKafkaErrorCode::UnknownTopicOrPartition)
     });
     if unknown {
         return Err(Error::config(format!(

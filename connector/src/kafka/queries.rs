@@ -85,7 +85,8 @@ impl OffsetQueries {
                             let mut ids: Vec<i32> =
                                 mt.partitions().iter().map(|p| p.id()).collect();
                             ids.sort();
-                            out.partitions.extend(ids.into_iter().map(|p| (t.clone(), p)));
+                            out.partitions
+                                .extend(ids.into_iter().map(|p| (t.clone(), p)));
                             continue;
                         }
                         Some(e) => rdkafka::types::RDKafkaErrorCode::from(e).to_string(),
@@ -131,9 +132,10 @@ impl OffsetQueries {
             for (t, p) in &partitions {
                 tpl.add_partition(t, *p);
             }
-            let got = q.consumer.committed_offsets(tpl, TIMEOUT).map_err(|e| {
-                q.fail(format!("fetch committed offsets of group {}", q.group), e)
-            })?;
+            let got = q
+                .consumer
+                .committed_offsets(tpl, TIMEOUT)
+                .map_err(|e| q.fail(format!("fetch committed offsets of group {}", q.group), e))?;
             Ok(got
                 .elements()
                 .iter()

@@ -98,15 +98,13 @@ fn dead_letter_headers(h: OwnedHeaders, r: &Reject, connector: &str) -> OwnedHea
         (GS_REJECT_ID, Some(&r.reject_id)),
         (GS_COMMIT, r.graph_commit.as_deref()),
     ];
-    fields
-        .into_iter()
-        .fold(h, |h, (key, value)| match value {
-            Some(v) => h.insert(Header {
-                key,
-                value: Some(v),
-            }),
-            None => h,
-        })
+    fields.into_iter().fold(h, |h, (key, value)| match value {
+        Some(v) => h.insert(Header {
+            key,
+            value: Some(v),
+        }),
+        None => h,
+    })
 }
 
 #[cfg(test)]
@@ -157,7 +155,11 @@ mod tests {
         assert_eq!(rec.timestamp, Some(5));
         let h = header_list(&rec);
         let get = |k: &str| h.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.clone());
-        assert_eq!(h[0], ("trace".into(), Some("t-1".into())), "originals first");
+        assert_eq!(
+            h[0],
+            ("trace".into(), Some("t-1".into())),
+            "originals first"
+        );
         assert_eq!(h[2], ("empty".into(), None));
         assert_eq!(get(headers::TOPIC).as_deref(), Some("people"));
         assert_eq!(get(headers::PARTITION).as_deref(), Some("2"));
@@ -166,7 +168,11 @@ mod tests {
         assert_eq!(get(headers::EXCEPTION_CLASS).as_deref(), Some("range"));
         assert_eq!(get(headers::GS_TYPE).as_deref(), Some("Person"));
         assert_eq!(get(headers::GS_REJECT_ID), Some(r.reject_id.clone()));
-        assert_eq!(get(headers::GS_COMMIT), None, "a sync reject has no commit yet");
+        assert_eq!(
+            get(headers::GS_COMMIT),
+            None,
+            "a sync reject has no commit yet"
+        );
         assert_eq!(h.len(), 3 + 13);
     }
 

@@ -57,7 +57,11 @@ pub(crate) async fn select(config: &Config, filter: &RejectFilter) -> Result<Vec
     select_at(&graph, &head, filter).await
 }
 
-async fn select_at(graph: &Graph, head: &GraphCommit, filter: &RejectFilter) -> Result<Vec<Reject>> {
+async fn select_at(
+    graph: &Graph,
+    head: &GraphCommit,
+    filter: &RejectFilter,
+) -> Result<Vec<Reject>> {
     let Some(&version) = head.tables.get(REJECTS_TABLE) else {
         return Ok(vec![]);
     };
