@@ -34,8 +34,9 @@ use crate::failpoints;
 use crate::graph::{
     new_commit_id, FoldedShard, Graph, GraphCommit, OffsetRange, TableStats,
 };
+use crate::kafka::DeadLetters;
 use crate::offsets::WrittenSpans;
-use crate::rejects::{self, DeadLetters, Reject, RejectCode};
+use crate::rejects::{self, Reject, RejectCode};
 use crate::schema::{
     pending_schema, pending_table, GraphType, TypeKind, ID, PENDING_SINCE, REJECTS_TABLE,
     REJECT_ID, SRC_OFFSET, SRC_PARTITION, SRC_TIMESTAMP, SRC_TOPIC,
@@ -1553,7 +1554,7 @@ pub struct FoldLoop {
     /// Receives each published commit (tests and latency measurements).
     pub published: tokio::sync::watch::Sender<Option<GraphCommit>>,
     /// Where fold rejects go once their commit is published.
-    pub dead_letters: DeadLetters,
+    pub(crate) dead_letters: DeadLetters,
     /// Newest commit whose fold rejects are all delivered.
     pub delivered: u64,
     /// Gives up a dead-letter delivery that keeps failing (shutdown).

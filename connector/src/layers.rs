@@ -21,7 +21,6 @@ const LAYERS: &[(&str, u8)] = &[
     ("validate", 4),
     ("decode", 4),
     ("kafka", 4),
-    ("consumer", 4),
     ("fold", 5),
     ("pipeline", 6),
     ("query", 6),

@@ -17,13 +17,14 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Tolerance};
-use crate::consumer::{self, Committable, GroupConsumer, GroupEvent};
 use crate::decode::{RecordDecoder, SourceRecord};
 use crate::error::{Error, Result};
 use crate::fold::{self, CutRequest, FoldLoop, FreezeCut, Policies};
 use crate::graph::{Graph, GraphCommit};
+use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent};
+use crate::kafka::{DeadLetters, OffsetQueries};
 use crate::offsets::{DurableWatermarks, PollAck, PollSpans, TopicPartition, WrittenSpans};
-use crate::rejects::{self, DeadLetters};
+use crate::rejects;
 use crate::schema::{GraphSchema, REJECTS_TABLE};
 use crate::shards::{PendingWrite, ShardPool};
 
@@ -73,26 +74,6 @@ pub struct RunSummary {
     pub committed: BTreeMap<TopicPartition, i64>,
 }
 
-/// Closes the consumer (leaving the group) off the runtime, bounded: a
-/// rebalance that lands during librdkafka's close can block the closing
-/// thread for good (its rebalance callback asks the main thread for the
-/// rebalance protocol, which is itself closing). Offsets are already
-/// committed by then, so past the bound the consumer is left behind and
-/// the group drops it after `session.timeout.ms`.
-async fn close_consumer(kafka: GroupConsumer) {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        drop(kafka);
-        let _ = tx.send(());
-    });
-    if tokio::time::timeout(Duration::from_secs(10), rx)
-        .await
-        .is_err()
-    {
-        tracing::warn!("consumer close did not finish in 10 s (a rebalance during close); leaving it to the session timeout");
-    }
-}
-
 /// Sleeps until `t`, or forever when there is none.
 async fn sleep_until(t: Option<tokio::time::Instant>) {
     match t {
@@ -116,60 +97,38 @@ pub async fn run_with(
     let graph = Graph::open_or_init(&config, schema).await?;
     let policies = Policies::from_config(&config);
     fold::recover(&graph, &policies).await?;
-
-    let mut decoders = HashMap::new();
-    for m in &config.mappings {
-        decoders.insert(
-            m.topic.clone(),
-            RecordDecoder::new(
-                &graph.schema,
-                m,
-                config.wal.max_poll_records,
-                config.errors.max_record_bytes,
-            )?,
-        );
-    }
+    let decoders = decoders(&config, &graph)?;
     let dead_letters = DeadLetters::connect(&config).await?;
-    // Fold rejects a crash kept from the dead-letter topic go out first.
-    let (delivered, late) = fold::undelivered(&graph).await?;
-    if !late.is_empty() {
-        tracing::warn!(
-            rejects = late.len(),
-            "re-delivering fold rejects of published commits"
-        );
-        dead_letters.deliver(&late, &shutdown).await?;
-        graph.set_dead_letters_delivered(delivered).await?;
-    }
+    let delivered = redeliver(&graph, &dead_letters, &shutdown).await?;
     let pool = ShardPool::open(&graph, &config.wal, &graph.wal_tables()).await?;
+    let queries = match options.exit_at_end {
+        true => Some(OffsetQueries::connect(&config)?),
+        false => None,
+    };
 
+    // From here on, every exit closes the consumer through `consumer::close`.
     let committable: Committable = Default::default();
     let (kafka, events) = consumer::subscribe(&config, committable.clone())?;
-
-    let (cut_tx, cut_rx) = mpsc::channel(1);
     let wake = options.fold_now.clone().unwrap_or_default();
-    let fold_stop = CancellationToken::new();
-    let published = options
-        .published
-        .clone()
-        .unwrap_or_else(|| watch::channel(None).0);
-    let fold_task = tokio::spawn(
-        FoldLoop {
-            graph: graph.clone(),
-            policies,
-            interval: config.fold.interval,
-            actor: config.graph.actor.clone(),
-            cuts: cut_tx,
-            wake: wake.clone(),
-            stop: fold_stop.clone(),
-            final_fold: config.fold.on_shutdown,
-            published,
-            dead_letters: dead_letters.clone(),
-            delivered,
-            stop_delivery: shutdown.clone(),
-        }
-        .run(),
-    );
-
+    let (cut_tx, cuts) = mpsc::channel(1);
+    let fold_loop = FoldLoop {
+        graph: graph.clone(),
+        policies,
+        interval: config.fold.interval,
+        actor: config.graph.actor.clone(),
+        cuts: cut_tx,
+        wake: wake.clone(),
+        stop: CancellationToken::new(),
+        final_fold: config.fold.on_shutdown,
+        published: options
+            .published
+            .clone()
+            .unwrap_or_else(|| watch::channel(None).0),
+        dead_letters: dead_letters.clone(),
+        delivered,
+        stop_delivery: shutdown.child_token(),
+    };
+    let mut fold = FoldTask::spawn(fold_loop, cuts);
     let mut run = RunLoop {
         config: &config,
         options: &options,
@@ -182,6 +141,7 @@ pub async fn run_with(
         in_flight: FuturesOrdered::new(),
         assigned: BTreeSet::new(),
         end_targets: None,
+        queries,
         pending_rows: 0,
         pending_bytes: 0,
         wake,
@@ -192,21 +152,119 @@ pub async fn run_with(
         breaker: Breaker::default(),
         last_poll: tokio::time::Instant::now(),
     };
-    let mut cut_rx = cut_rx;
-    let mut fold_task = fold_task;
-    let result = run
-        .serve(&kafka, &shutdown, &mut cut_rx, &mut fold_task, &fold_stop)
-        .await;
-    let summary = match result {
-        Ok(()) => run.drain(kafka, cut_rx, fold_task, fold_stop).await?,
-        Err(e) => {
-            // Nothing more is acked after a failure: no drain, no commit.
-            fold_stop.cancel();
-            tracing::error!(error = %e, "stopping without committing further");
-            return Err(e);
+    match run.serve(&kafka, &shutdown, &mut fold).await {
+        Ok(()) => run.drain(kafka, fold).await,
+        Err(e) => Err(stop_after_failure(kafka, fold, e).await),
+    }
+}
+
+/// One decoder per mapped topic.
+fn decoders(config: &Config, graph: &Graph) -> Result<HashMap<String, RecordDecoder>> {
+    let mut decoders = HashMap::new();
+    for m in &config.mappings {
+        let decoder = RecordDecoder::new(
+            &graph.schema,
+            m,
+            config.wal.max_poll_records,
+            config.errors.max_record_bytes,
+        )?;
+        decoders.insert(m.topic.clone(), decoder);
+    }
+    Ok(decoders)
+}
+
+/// Fold rejects a crash kept from the dead-letter topic go out first.
+/// Returns the newest commit whose fold rejects are all delivered.
+async fn redeliver(
+    graph: &Graph,
+    dead_letters: &DeadLetters,
+    shutdown: &CancellationToken,
+) -> Result<u64> {
+    let (delivered, late) = fold::undelivered(graph).await?;
+    if !late.is_empty() {
+        tracing::warn!(
+            rejects = late.len(),
+            "re-delivering fold rejects of published commits"
+        );
+        dead_letters.deliver(&late, shutdown).await?;
+        graph.set_dead_letters_delivered(delivered).await?;
+    }
+    Ok(delivered)
+}
+
+/// How long a failed run waits for the fold task to end before aborting it.
+const FOLD_STOP_BOUND: Duration = Duration::from_secs(30);
+
+/// Every failed exit of a run: nothing more is acked (no drain, no
+/// commit), the fold task ends (bounded) instead of outliving the run, and
+/// the consumer leaves the group off the runtime. Returns `error`.
+async fn stop_after_failure(kafka: GroupConsumer, fold: FoldTask, error: Error) -> Error {
+    tracing::error!(error = %error, "stopping without committing further");
+    fold.abandon(FOLD_STOP_BOUND).await;
+    consumer::close(kafka).await;
+    error
+}
+
+/// The fold loop's task and the run loop's side of its controls.
+struct FoldTask {
+    handle: tokio::task::JoinHandle<Result<()>>,
+    /// Set once the handle returned (a join handle must not be polled again).
+    joined: bool,
+    stop: CancellationToken,
+    /// Gives up the fold's dead-letter deliveries: a child of the shutdown
+    /// token, also cancelled when the run fails.
+    stop_delivery: CancellationToken,
+    /// The fold loop's freeze-cut requests, served between polls.
+    cuts: mpsc::Receiver<CutRequest>,
+}
+
+impl FoldTask {
+    fn spawn(fold_loop: FoldLoop, cuts: mpsc::Receiver<CutRequest>) -> FoldTask {
+        let stop = fold_loop.stop.clone();
+        let stop_delivery = fold_loop.stop_delivery.clone();
+        FoldTask {
+            handle: tokio::spawn(fold_loop.run()),
+            joined: false,
+            stop,
+            stop_delivery,
+            cuts,
         }
-    };
-    Ok(summary)
+    }
+
+    /// How the fold task ended, as the run loop's result.
+    fn ended(
+        &mut self,
+        joined: std::result::Result<Result<()>, tokio::task::JoinError>,
+    ) -> Result<()> {
+        self.joined = true;
+        match joined {
+            Ok(Ok(())) if self.stop.is_cancelled() => Ok(()),
+            Ok(Ok(())) => Err(Error::Other("fold loop ended unexpectedly".into())),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(Error::joined("fold loop", e)),
+        }
+    }
+
+    /// After a failure: no final fold (cut requests go unanswered) and no
+    /// more deliveries; waits up to `bound` for the task to end, then
+    /// aborts it (a fold cut short is a crash the next start recovers).
+    async fn abandon(mut self, bound: Duration) {
+        self.stop.cancel();
+        self.stop_delivery.cancel();
+        drop(self.cuts);
+        if self.joined {
+            return;
+        }
+        match tokio::time::timeout(bound, &mut self.handle).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the fold loop stopped with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "the fold loop panicked"),
+            Err(_) => {
+                tracing::warn!(?bound, "the fold loop did not stop in time; aborting it");
+                self.handle.abort();
+            }
+        }
+    }
 }
 
 type AckFuture = BoxFuture<'static, Result<PollAck>>;
@@ -227,6 +285,8 @@ struct RunLoop<'a> {
     assigned: BTreeSet<TopicPartition>,
     /// End offsets to reach, for `exit_at_end`.
     end_targets: Option<BTreeMap<TopicPartition, i64>>,
+    /// Watermark and committed-offset queries, for `exit_at_end`.
+    queries: Option<OffsetQueries>,
     pending_rows: u64,
     pending_bytes: u64,
     wake: Arc<Notify>,
@@ -248,14 +308,33 @@ struct Breaker {
     paused_until: Option<tokio::time::Instant>,
 }
 
+/// Takes whatever the consumer already holds after `first`, up to `limit`
+/// records in all, without waiting for more.
+fn take_poll<'c>(
+    kafka: &'c GroupConsumer,
+    first: BorrowedMessage<'c>,
+    limit: usize,
+) -> Vec<BorrowedMessage<'c>> {
+    let mut msgs = vec![first];
+    while msgs.len() < limit {
+        match kafka.recv().now_or_never() {
+            Some(Ok(m)) => msgs.push(m),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "consumer error inside a poll");
+                break;
+            }
+            None => break,
+        }
+    }
+    msgs
+}
+
 impl RunLoop<'_> {
     async fn serve(
         &mut self,
         kafka: &GroupConsumer,
         shutdown: &CancellationToken,
-        cuts: &mut mpsc::Receiver<CutRequest>,
-        fold_task: &mut tokio::task::JoinHandle<Result<()>>,
-        fold_stop: &CancellationToken,
+        fold: &mut FoldTask,
     ) -> Result<()> {
         let mut commit_tick = tokio::time::interval(self.config.offsets.commit_interval);
         commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -267,15 +346,8 @@ impl RunLoop<'_> {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
-                joined = &mut *fold_task => {
-                    return match joined {
-                        Ok(Ok(())) if fold_stop.is_cancelled() => Ok(()),
-                        Ok(Ok(())) => Err(Error::Other("fold loop ended unexpectedly".into())),
-                        Ok(Err(e)) => Err(e),
-                        Err(e) => Err(Error::joined("fold loop", e)),
-                    };
-                }
-                Some(req) = cuts.recv() => self.cut(req).await,
+                joined = &mut fold.handle => return fold.ended(joined),
+                Some(req) = fold.cuts.recv() => self.cut(req).await,
                 Some(ev) = self.events.recv() => self.on_group_event(ev),
                 Some(ack) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.on_ack(ack?);
@@ -299,7 +371,7 @@ impl RunLoop<'_> {
                 }
                 _ = commit_tick.tick() => self.commit(kafka, CommitMode::Async)?,
                 _ = end_check.tick(), if self.options.exit_at_end => {
-                    if self.at_end(kafka)? {
+                    if self.at_end().await? {
                         tracing::info!("all assigned partitions are durable up to their end offsets");
                         return Ok(());
                     }
@@ -316,18 +388,7 @@ impl RunLoop<'_> {
         first: BorrowedMessage<'_>,
     ) -> Result<AckFuture> {
         let started = std::time::Instant::now();
-        let limit = self.config.wal.max_poll_records;
-        let mut msgs = vec![first];
-        while msgs.len() < limit {
-            match kafka.recv().now_or_never() {
-                Some(Ok(m)) => msgs.push(m),
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "consumer error inside a poll");
-                    break;
-                }
-                None => break,
-            }
-        }
+        let msgs = take_poll(kafka, first, self.config.wal.max_poll_records);
         let mut by_topic: BTreeMap<&str, Vec<SourceRecord>> = BTreeMap::new();
         let mut seen = PollSpans::default();
         for m in &msgs {
@@ -380,18 +441,7 @@ impl RunLoop<'_> {
             }
         }
         if !rejects.is_empty() {
-            self.pending_rows += rejects.len() as u64;
-            self.stats
-                .rejected
-                .fetch_add(rejects.len() as u64, Ordering::Relaxed);
-            for r in &rejects {
-                tracing::debug!(reject_id = %r.reject_id, code = r.code.as_str(), message = %r.message, "rejected");
-            }
-            writes.extend(
-                self.pool.tables[REJECTS_TABLE]
-                    .put(rejects::to_batch(&rejects))
-                    .await?,
-            );
+            writes.extend(self.write_rejects(&rejects).await?);
         }
         self.summary.records += msgs.len() as u64;
         let st = &self.stats;
@@ -407,11 +457,34 @@ impl RunLoop<'_> {
         {
             self.wake.notify_one();
         }
-        // Durable means: in the WAL, and every reject both in the rejects
-        // WAL and acknowledged by the dead-letter topic.
+        Ok(self.durability(rejects, writes, ack))
+    }
+
+    /// Puts a poll's rejects into the rejects WAL.
+    async fn write_rejects(&mut self, rejects: &[rejects::Reject]) -> Result<Vec<PendingWrite>> {
+        self.pending_rows += rejects.len() as u64;
+        self.stats
+            .rejected
+            .fetch_add(rejects.len() as u64, Ordering::Relaxed);
+        for r in rejects {
+            tracing::debug!(reject_id = %r.reject_id, code = r.code.as_str(), message = %r.message, "rejected");
+        }
+        self.pool.tables[REJECTS_TABLE]
+            .put(rejects::to_batch(rejects))
+            .await
+    }
+
+    /// A poll's durability: in the WAL, and every reject both in the
+    /// rejects WAL and acknowledged by the dead-letter topic.
+    fn durability(
+        &self,
+        rejects: Vec<rejects::Reject>,
+        writes: Vec<PendingWrite>,
+        ack: PollAck,
+    ) -> AckFuture {
         let dead_letters = self.dead_letters.clone();
         let stop = self.shutdown.clone();
-        Ok(async move {
+        async move {
             if !rejects.is_empty() {
                 dead_letters.deliver(&rejects, &stop).await?;
             }
@@ -420,7 +493,7 @@ impl RunLoop<'_> {
             }
             Ok(ack)
         }
-        .boxed())
+        .boxed()
     }
 
     /// Counts rejects; past `errors.max_rejects_per_minute`, pauses fetching.
@@ -521,7 +594,7 @@ impl RunLoop<'_> {
         }
     }
 
-    fn at_end(&mut self, kafka: &GroupConsumer) -> Result<bool> {
+    async fn at_end(&mut self) -> Result<bool> {
         // Quiet for a second too: some brokers (tansu 0.6) report a high
         // watermark below the true end when producers batch.
         if self.assigned.is_empty()
@@ -530,34 +603,52 @@ impl RunLoop<'_> {
         {
             return Ok(false);
         }
-        let parts: Vec<TopicPartition> = self.assigned.iter().cloned().collect();
         if self.end_targets.is_none() {
-            let ends = consumer::end_offsets(kafka, &parts)?;
-            let committed = consumer::committed(kafka, &parts)?;
+            let Some(queries) = &self.queries else {
+                return Ok(false);
+            };
+            let parts: Vec<TopicPartition> = self.assigned.iter().cloned().collect();
+            let ends = queries.watermarks(parts.clone()).await?;
+            let committed = queries.committed(parts).await?;
             // Partitions already committed to their end need nothing from us.
             let targets = ends
                 .into_iter()
-                .filter(|(tp, end)| committed.get(tp).copied().unwrap_or(0) < *end)
+                .filter(|(tp, w)| committed.get(tp).copied().unwrap_or(0) < w.high)
+                .map(|(tp, w)| (tp, w.high))
                 .collect();
             self.end_targets = Some(targets);
         }
-        let targets = self.end_targets.as_ref().expect("set above");
-        Ok(targets
-            .iter()
-            .all(|(tp, end)| self.marks.next(tp).is_some_and(|n| n >= *end)))
+        Ok(self.end_targets.as_ref().is_some_and(|targets| {
+            targets
+                .iter()
+                .all(|(tp, end)| self.marks.next(tp).is_some_and(|n| n >= *end))
+        }))
     }
 
     /// Awaits in-flight durability, commits synchronously, lets the fold
     /// loop finish (with its final fold), closes writers.
-    async fn drain(
-        mut self,
-        kafka: GroupConsumer,
-        mut cuts: mpsc::Receiver<CutRequest>,
-        mut fold_task: tokio::task::JoinHandle<Result<()>>,
-        fold_stop: CancellationToken,
-    ) -> Result<RunSummary> {
+    async fn drain(mut self, kafka: GroupConsumer, mut fold: FoldTask) -> Result<RunSummary> {
         // Commit what became durable even when a later poll failed (e.g.
         // the dead-letter topic stayed down through the shutdown).
+        let failed = self.await_in_flight().await;
+        let committed = self.commit(&kafka, CommitMode::Sync);
+        if let Some(e) = committed.err().or(failed) {
+            return Err(stop_after_failure(kafka, fold, e).await);
+        }
+        fold.stop.cancel();
+        if let Err(e) = self.serve_final_fold(&mut fold).await {
+            return Err(stop_after_failure(kafka, fold, e).await);
+        }
+        self.summary.committed = self.marks.all().into_iter().collect();
+        // Leave the group before closing writers so partitions move on promptly.
+        consumer::close(kafka).await;
+        self.pool.close().await?;
+        Ok(self.summary)
+    }
+
+    /// Applies every in-flight ack in order, up to the first failure;
+    /// returns that failure.
+    async fn await_in_flight(&mut self) -> Option<Error> {
         let mut failed = None;
         while let Some(ack) = self.in_flight.next().await {
             match ack {
@@ -568,25 +659,93 @@ impl RunLoop<'_> {
                 }
             }
         }
-        self.commit(&kafka, CommitMode::Sync)?;
-        if let Some(e) = failed {
-            fold_stop.cancel();
-            return Err(e);
+        failed
+    }
+
+    /// Serves the fold loop's cuts until it ends (after its final fold).
+    async fn serve_final_fold(&mut self, fold: &mut FoldTask) -> Result<()> {
+        if fold.joined {
+            return Ok(());
         }
-        fold_stop.cancel();
         loop {
             tokio::select! {
-                Some(req) = cuts.recv() => self.cut(req).await,
-                joined = &mut fold_task => {
+                Some(req) = fold.cuts.recv() => self.cut(req).await,
+                joined = &mut fold.handle => {
+                    fold.joined = true;
                     joined.map_err(|e| Error::joined("fold loop", e))??;
-                    break;
+                    return Ok(());
                 }
             }
         }
-        self.summary.committed = self.marks.all().into_iter().collect();
-        // Leave the group before closing writers so partitions move on promptly.
-        close_consumer(kafka).await;
-        self.pool.close().await?;
-        Ok(self.summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fold_task(
+        handle: tokio::task::JoinHandle<Result<()>>,
+        stop: &CancellationToken,
+        stop_delivery: &CancellationToken,
+        cuts: mpsc::Receiver<CutRequest>,
+    ) -> FoldTask {
+        FoldTask {
+            handle,
+            joined: false,
+            stop: stop.clone(),
+            stop_delivery: stop_delivery.clone(),
+            cuts,
+        }
+    }
+
+    /// A failed run gives up the fold's deliveries, answers no final cut,
+    /// and returns only once the fold task has ended: nothing the task
+    /// holds outlives the run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_run_waits_for_its_fold_task() {
+        let (stop, stop_delivery) = (CancellationToken::new(), CancellationToken::new());
+        let (cut_tx, cuts) = mpsc::channel::<CutRequest>(1);
+        let (alive, gone) = watch::channel(());
+        let (s, d) = (stop.clone(), stop_delivery.clone());
+        let handle = tokio::spawn(async move {
+            let _alive = alive;
+            // Like a dead-letter retry: ends only when delivery is given up.
+            d.cancelled().await;
+            s.cancelled().await;
+            // Like the final fold: asks for a cut, which must go unanswered.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if cut_tx.send(tx).await.is_ok() {
+                let _ = rx.await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(())
+        });
+        let started = std::time::Instant::now();
+        fold_task(handle, &stop, &stop_delivery, cuts)
+            .abandon(Duration::from_secs(20))
+            .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no wait for the bound"
+        );
+        assert!(gone.has_changed().is_err(), "the fold task ended first");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fold_task_that_does_not_stop_is_aborted_past_the_bound() {
+        let (stop, stop_delivery) = (CancellationToken::new(), CancellationToken::new());
+        let (_cut_tx, cuts) = mpsc::channel::<CutRequest>(1);
+        let (alive, mut gone) = watch::channel(());
+        let handle = tokio::spawn(async move {
+            let _alive = alive;
+            std::future::pending::<()>().await;
+            Ok(())
+        });
+        fold_task(handle, &stop, &stop_delivery, cuts)
+            .abandon(Duration::from_millis(100))
+            .await;
+        let dropped = tokio::time::timeout(Duration::from_secs(5), gone.changed()).await;
+        assert!(matches!(dropped, Ok(Err(_))), "the task was aborted");
     }
 }

@@ -315,3 +315,36 @@ async fn an_undecodable_record_stops_the_connector_uncommitted() {
     let c = committed(&tg.group, topic, 1)[&0];
     assert!(c <= 3, "committed {c}, past the bad record at 3");
 }
+
+/// A run that fails returns only once it has closed up: its fold loop has
+/// ended rather than running on detached (it holds the `published` sender,
+/// so the receiver sees every sender gone), and nothing was committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_run_leaves_no_fold_loop_running() {
+    crate::init_logs();
+    let tg = TestGraph::new(&["node = \"Person\""], "[errors]\ntolerance = \"none\"");
+    let topic = &tg.topics[0];
+    create_topic(topic, 1).await;
+    let bad = rec(0, Some("d"), Some(json!({"name": "d", "age": "old"})));
+    produce(topic, &[bad]).await;
+    let (published, seen) = tokio::sync::watch::channel(None);
+    let options = graphsink::RunOptions {
+        published: Some(published),
+        ..Default::default()
+    };
+    let run = graphsink::run_with(
+        tg.config(),
+        options,
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let err = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the run stops")
+        .expect_err("the bad record stops the run");
+    assert_eq!(err.kind(), graphsink::ErrorKind::BadInput, "{err}");
+    assert!(
+        seen.has_changed().is_err(),
+        "the fold loop still runs after run_with returned"
+    );
+    assert_eq!(committed(&tg.group, topic, 1).get(&0), None);
+}

@@ -1,25 +1,25 @@
-//! The Kafka side: the consumer group (cooperative-sticky, no auto commit),
-//! rebalance events, and committing durable watermarks. It never decides
-//! what is durable; `offsets` does.
+//! The consumer group: joining (cooperative-sticky, no auto commit),
+//! rebalance events, committing durable watermarks, and the bounded close.
+//! It never decides what is durable; `offsets` does.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
+use super::{blocking, client};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::offsets::TopicPartition;
+use crate::types::TopicPartition;
 
 /// What librdkafka's rebalance callbacks tell the run loop.
 #[derive(Debug)]
-pub enum GroupEvent {
+pub(crate) enum GroupEvent {
     Assigned(Vec<TopicPartition>),
     Revoked(Vec<TopicPartition>),
 }
@@ -27,9 +27,9 @@ pub enum GroupEvent {
 /// Committable offsets, written by the run loop after each durable ack and
 /// only read by the revoke callback, which commits them before giving the
 /// partitions up.
-pub type Committable = Arc<Mutex<BTreeMap<TopicPartition, i64>>>;
+pub(crate) type Committable = Arc<Mutex<BTreeMap<TopicPartition, i64>>>;
 
-pub struct GroupContext {
+pub(crate) struct GroupContext {
     events: mpsc::UnboundedSender<GroupEvent>,
     committable: Committable,
 }
@@ -40,16 +40,10 @@ impl ConsumerContext for GroupContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             let revoked = tp_list(tpl);
-            let marks = self.committable.lock().expect("committable");
-            let mut commit = TopicPartitionList::new();
-            for tp in &revoked {
-                if let Some(&next) = marks.get(tp) {
-                    let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
-                }
-            }
-            drop(marks);
+            let commit = self.revoked_marks(&revoked);
             if commit.count() > 0 {
-                match consumer.commit(&commit, CommitMode::Sync) {
+                // This callback runs inside `recv`, on a runtime worker.
+                match blocking(|| consumer.commit(&commit, CommitMode::Sync)) {
                     Ok(()) => tracing::info!(partitions = commit.count(), "committed on revoke"),
                     Err(e) => {
                         tracing::warn!(error = %e, "commit on revoke failed; the next owner re-reads (idempotent)")
@@ -81,6 +75,25 @@ impl ConsumerContext for GroupContext {
     }
 }
 
+impl GroupContext {
+    /// The committable offsets of the partitions being revoked.
+    fn revoked_marks(&self, revoked: &[TopicPartition]) -> TopicPartitionList {
+        // A poisoned lock still holds valid marks: the writer only inserts
+        // and removes whole entries.
+        let marks = self
+            .committable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut commit = TopicPartitionList::new();
+        for tp in revoked {
+            if let Some(&next) = marks.get(tp) {
+                let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
+            }
+        }
+        commit
+    }
+}
+
 fn tp_list(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
     tpl.elements()
         .iter()
@@ -88,24 +101,10 @@ fn tp_list(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
         .collect()
 }
 
-pub type GroupConsumer = StreamConsumer<GroupContext>;
-
-/// The librdkafka settings graphsink needs, over the user's pass-through ones.
-pub fn client_config(config: &Config) -> ClientConfig {
-    let mut cc = ClientConfig::new();
-    cc.set("auto.offset.reset", "earliest");
-    cc.set("partition.assignment.strategy", "cooperative-sticky");
-    for (k, v) in &config.kafka {
-        cc.set(k, v);
-    }
-    // Only graphsink stores and commits offsets, after durability.
-    cc.set("enable.auto.commit", "false");
-    cc.set("enable.auto.offset.store", "false");
-    cc
-}
+pub(crate) type GroupConsumer = StreamConsumer<GroupContext>;
 
 /// Joins the group and subscribes to every mapped topic.
-pub fn subscribe(
+pub(crate) fn subscribe(
     config: &Config,
     committable: Committable,
 ) -> Result<(GroupConsumer, mpsc::UnboundedReceiver<GroupEvent>)> {
@@ -114,13 +113,15 @@ pub fn subscribe(
         events: tx,
         committable,
     };
-    let consumer: GroupConsumer = client_config(config).create_with_context(ctx)?;
+    let consumer: GroupConsumer = client::consumer_config(config).create_with_context(ctx)?;
     let topics: Vec<&str> = config.mappings.iter().map(|m| m.topic.as_str()).collect();
     consumer.subscribe(&topics)?;
     Ok((consumer, rx))
 }
 
-pub fn commit(
+/// Commits `offsets` (next offsets to read). A sync commit waits for the
+/// broker, off the async workers.
+pub(crate) fn commit(
     consumer: &GroupConsumer,
     offsets: &[(TopicPartition, i64)],
     mode: CommitMode,
@@ -132,38 +133,29 @@ pub fn commit(
     for ((t, p), n) in offsets {
         tpl.add_partition_offset(t, *p, Offset::Offset(*n))?;
     }
-    consumer.commit(&tpl, mode).map_err(Error::from)
+    match mode {
+        CommitMode::Sync => blocking(|| consumer.commit(&tpl, mode)),
+        CommitMode::Async => consumer.commit(&tpl, mode),
+    }
+    .map_err(Error::from)
 }
 
-/// High watermarks (end offsets) of `partitions`; a blocking broker call.
-pub fn end_offsets(
-    consumer: &GroupConsumer,
-    partitions: &[TopicPartition],
-) -> Result<BTreeMap<TopicPartition, i64>> {
-    let mut out = BTreeMap::new();
-    for (t, p) in partitions {
-        let (_, high) = consumer.fetch_watermarks(t, *p, Duration::from_secs(10))?;
-        out.insert((t.clone(), *p), high);
+/// Closes the consumer (leaving the group) off the runtime, bounded: a
+/// rebalance that lands during librdkafka's close can block the closing
+/// thread for good (its rebalance callback asks the main thread for the
+/// rebalance protocol, which is itself closing). Offsets are already
+/// committed by then, so past the bound the consumer is left behind and
+/// the group drops it after `session.timeout.ms`.
+pub(crate) async fn close(kafka: GroupConsumer) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        drop(kafka);
+        let _ = tx.send(());
+    });
+    if tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .is_err()
+    {
+        tracing::warn!("consumer close did not finish in 10 s (a rebalance during close); leaving it to the session timeout");
     }
-    Ok(out)
-}
-
-/// The group's committed offsets for `partitions` (missing = none yet).
-pub fn committed(
-    consumer: &GroupConsumer,
-    partitions: &[TopicPartition],
-) -> Result<BTreeMap<TopicPartition, i64>> {
-    let mut tpl = TopicPartitionList::new();
-    for (t, p) in partitions {
-        tpl.add_partition(t, *p);
-    }
-    let got = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
-    Ok(got
-        .elements()
-        .iter()
-        .filter_map(|e| match e.offset() {
-            Offset::Offset(n) => Some(((e.topic().to_string(), e.partition()), n)),
-            _ => None,
-        })
-        .collect())
 }

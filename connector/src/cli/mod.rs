@@ -1,0 +1,258 @@
+//! The command line: `check`, `run`, `fold`, `log`, `show`, `status`,
+//! `rejects`, `replay-rejects`, `produce`. It parses arguments and prints;
+//! the work is done by library functions (`query`, `pipeline`). Every error
+//! ends as one readable line and a non-zero exit.
+
+mod args;
+mod print;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::query;
+use args::RejectFilterArgs;
+
+#[derive(Parser)]
+#[command(
+    name = "graphsink",
+    version,
+    about = "Kafka sink connector for typed graphs on Lance"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate the config and the schema, then exit.
+    Check {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run the connector until SIGINT/SIGTERM (SIGUSR1 folds now).
+    Run {
+        #[arg(long)]
+        config: PathBuf,
+        /// Exit once every assigned partition is durable and committed up to
+        /// the end offsets seen at start.
+        #[arg(long)]
+        exit_at_end: bool,
+    },
+    /// Fold everything durable into a graph commit and exit. Claims every
+    /// shard: a running connector on the same graph is fenced and stops.
+    Fold {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Graph commits, newest first.
+    Log {
+        #[arg(long)]
+        config: PathBuf,
+        /// Show at most this many commits.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Row counts per table at the head (or the given commit).
+    Show {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        commit: Option<String>,
+    },
+    /// The head commit, deferred edges, rejects, and the consumer group's
+    /// lag per partition of the mapped topics.
+    Status {
+        #[arg(long)]
+        config: PathBuf,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rows of `_ingest_rejects` at the head commit, oldest first.
+    Rejects {
+        #[arg(long)]
+        config: PathBuf,
+        #[command(flatten)]
+        filter: RejectFilterArgs,
+        /// Show at most this many (the oldest that match).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-produce the original records of rejects (key, value, headers
+    /// without graphsink's, timestamp) to a topic, oldest first.
+    ReplayRejects {
+        #[arg(long)]
+        config: PathBuf,
+        /// Topic to produce to (e.g. a mapped source topic, after a fix).
+        #[arg(long, value_name = "TOPIC")]
+        to: String,
+        #[command(flatten)]
+        filter: RejectFilterArgs,
+        /// Replay at most this many (the oldest that match); default all.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// List what would be replayed; produce nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Produce JSON-lines records (`{"key": .., "value": ..}`) to a topic,
+    /// creating it if missing. For samples and tests.
+    Produce {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        file: PathBuf,
+        /// Partitions of the topic if it has to be created.
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("graphsink: error: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(dispatch(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("graphsink: error: {}", print::one_line(&e.to_string()));
+            ExitCode::from(match e.kind() {
+                crate::ErrorKind::BadConfig => 2,
+                crate::ErrorKind::Fenced => 3,
+                crate::ErrorKind::NotFound => 4,
+                _ => 1,
+            })
+        }
+    }
+}
+
+/// `lance::index` logs a benign "Index __lance_mem_wal has no fields" at
+/// ERROR on every merge into a MemWAL table; real index failures still
+/// surface as errors of the operation.
+const DEFAULT_LOG_FILTER: &str = "info,lance=warn,lance::index=off,datafusion=warn";
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+async fn dispatch(cmd: Command) -> Result<()> {
+    match cmd {
+        Command::Check { config } => {
+            print::check(&query::check(&Config::load(&config)?)?);
+            Ok(())
+        }
+        Command::Run {
+            config,
+            exit_at_end,
+        } => run::run(&config, exit_at_end).await,
+        Command::Fold { config } => {
+            print::folded(query::fold_offline(&Config::load(&config)?).await?.as_ref());
+            Ok(())
+        }
+        Command::Log { config, limit } => {
+            for c in query::commits(&Config::load(&config)?, limit).await? {
+                print::commit(&c);
+            }
+            Ok(())
+        }
+        Command::Show { config, commit } => {
+            let config = Config::load(&config)?;
+            print::snapshot(&query::snapshot(&config, commit.as_deref()).await?);
+            Ok(())
+        }
+        Command::Status { config, json } => status(&Config::load(&config)?, json).await,
+        Command::Rejects {
+            config,
+            filter,
+            limit,
+            json,
+        } => {
+            let selected = query::rejects::select(&Config::load(&config)?, &filter.into()).await?;
+            print::rejects(&selected, limit, json);
+            Ok(())
+        }
+        Command::ReplayRejects {
+            config,
+            to,
+            filter,
+            limit,
+            dry_run,
+        } => replay_rejects(&Config::load(&config)?, &to, filter, limit, dry_run).await,
+        Command::Produce {
+            config,
+            topic,
+            file,
+            partitions,
+        } => {
+            let config = Config::load(&config)?;
+            let sent = query::produce::produce_file(&config, &topic, &file, partitions).await?;
+            println!("produced {sent} records to {topic}");
+            Ok(())
+        }
+    }
+}
+
+/// The graph part prints before Kafka is asked, so a broker that is down
+/// still leaves the graph's status on screen.
+async fn status(config: &Config, json: bool) -> Result<()> {
+    let graph = query::status::graph_status(config).await?;
+    if !json {
+        print::graph_status(&graph);
+    }
+    let kafka = query::status::kafka_status(config).await;
+    if json {
+        print::status_json(&graph, &kafka);
+    } else if let Ok(k) = &kafka {
+        print::kafka_status(k);
+    }
+    kafka.map(|_| ())
+}
+
+async fn replay_rejects(
+    config: &Config,
+    to: &str,
+    filter: RejectFilterArgs,
+    limit: Option<usize>,
+    dry_run: bool,
+) -> Result<()> {
+    let selection = query::rejects::select_replay(config, &filter.into(), limit).await?;
+    let (n, skipped) = (selection.replay.len(), selection.skipped);
+    if dry_run {
+        for r in &selection.replay {
+            println!("{}", print::reject_line(r));
+        }
+        println!(
+            "would replay {} to {to} (skipped {skipped})",
+            print::rejects_n(n)
+        );
+        return Ok(());
+    }
+    query::rejects::replay(config, to, &selection.replay).await?;
+    println!(
+        "replayed {} to {to} (skipped {skipped})",
+        print::rejects_n(n)
+    );
+    Ok(())
+}

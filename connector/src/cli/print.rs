@@ -1,0 +1,275 @@
+//! How the CLI prints what the library returns: text lines and JSON. Tests
+//! and scripts/demo.sh read some of these lines, so their format is stable.
+
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::graph::GraphCommit;
+use crate::query::status::{GraphStatus, KafkaStatus};
+use crate::query::{CheckSummary, Snapshot};
+use crate::rejects::Reject;
+
+pub(super) fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn fmt_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| ms.to_string())
+}
+
+/// `3m 12s`, to the second.
+fn fmt_age(ms: i64) -> String {
+    let secs = u64::try_from(ms.max(0) / 1000).unwrap_or(0);
+    humantime_serde::re::humantime::format_duration(Duration::from_secs(secs)).to_string()
+}
+
+pub(super) fn check(c: &CheckSummary) {
+    println!(
+        "ok: {} mappings, {} types, graph root {}",
+        c.mappings, c.types, c.root
+    );
+}
+
+pub(super) fn folded(c: Option<&GraphCommit>) {
+    match c {
+        Some(c) => println!("published {} (seq {})", c.id, c.seq),
+        None => println!("nothing to fold"),
+    }
+}
+
+pub(super) fn commit(c: &GraphCommit) {
+    let when = chrono::DateTime::from_timestamp_millis(c.created_at)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default();
+    println!("commit {}  seq {}  {}  by {}", c.id, c.seq, when, c.actor);
+    if let Some(p) = &c.parent {
+        println!("  parent  {p}");
+    }
+    for (table, s) in &c.stats {
+        println!(
+            "  {table:<32} +{} upserted  -{} deleted",
+            s.upserted, s.deleted
+        );
+    }
+    for r in &c.offsets {
+        println!(
+            "  offsets {}/{}  {}..={}",
+            r.topic, r.partition, r.first, r.last
+        );
+    }
+}
+
+pub(super) fn snapshot(s: &Snapshot) {
+    println!("commit {} (seq {})", s.commit.id, s.commit.seq);
+    for t in &s.tables {
+        println!(
+            "  {:<32} {:>10} rows  (version {})",
+            t.table, t.rows, t.version
+        );
+    }
+}
+
+// ---- status -----------------------------------------------------------------
+
+pub(super) fn graph_status(g: &GraphStatus) {
+    let (head, now) = (&g.head, g.now);
+    println!(
+        "head     {}  seq {}  {}  ({} ago)",
+        head.id,
+        head.seq,
+        fmt_ms(head.created_at),
+        fmt_age(now - head.created_at)
+    );
+    for p in &g.pending {
+        match p.oldest {
+            Some(o) => println!(
+                "pending  {:<24} {:>8}  oldest {} ({} ago)",
+                p.edge,
+                p.count,
+                fmt_ms(o),
+                fmt_age(now - o)
+            ),
+            None => println!("pending  {:<24} {:>8}", p.edge, p.count),
+        }
+    }
+    println!("pending  {:<24} {:>8}", "total", g.pending_total());
+    println!("rejects  {}", g.rejects);
+}
+
+pub(super) fn kafka_status(k: &KafkaStatus) {
+    println!("kafka    group {}", k.group);
+    for p in &k.partitions {
+        let committed = p.committed.map_or("-".to_string(), |c| c.to_string());
+        println!(
+            "  {:<28} committed {:>10}  end {:>10}  lag {:>8}",
+            format!("{}/{}", p.topic, p.partition),
+            committed,
+            p.end,
+            p.lag()
+        );
+    }
+    for m in &k.missing {
+        println!("  {:<28} {}", m.topic, m.error);
+    }
+    println!("  total lag {}", k.total_lag());
+}
+
+/// `status --json`: one object; a Kafka failure becomes `kafka_error`.
+pub(super) fn status_json(g: &GraphStatus, kafka: &Result<KafkaStatus>) {
+    let (head, now) = (&g.head, g.now);
+    let mut out = serde_json::json!({
+        "head": {
+            "id": head.id,
+            "seq": head.seq,
+            "created_at": head.created_at,
+            "age_ms": now - head.created_at,
+        },
+        "pending": g.pending.iter().map(|p| serde_json::json!({
+            "edge": p.edge,
+            "table": p.table,
+            "count": p.count,
+            "oldest_pending_since": p.oldest,
+            "oldest_age_ms": p.oldest.map(|o| now - o),
+        })).collect::<Vec<_>>(),
+        "pending_total": g.pending_total(),
+        "rejects": g.rejects,
+        "kafka": null,
+    });
+    match kafka {
+        Ok(k) => out["kafka"] = kafka_json(k),
+        Err(e) => out["kafka_error"] = one_line(&e.to_string()).into(),
+    }
+    println!("{out}");
+}
+
+fn kafka_json(k: &KafkaStatus) -> serde_json::Value {
+    serde_json::json!({
+        "group": k.group,
+        "partitions": k.partitions.iter().map(|p| serde_json::json!({
+            "topic": p.topic,
+            "partition": p.partition,
+            "committed": p.committed,
+            "end": p.end,
+            "lag": p.lag(),
+        })).collect::<Vec<_>>(),
+        "total_lag": k.total_lag(),
+        "missing_topics": k.missing.iter().map(|m| serde_json::json!({
+            "topic": m.topic, "error": m.error,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+// ---- rejects ----------------------------------------------------------------
+
+/// `1 reject`, `3 rejects`.
+pub(super) fn rejects_n(n: usize) -> String {
+    format!("{n} reject{}", if n == 1 { "" } else { "s" })
+}
+
+/// The oldest `limit` of `selected` on stdout, and how many on stderr.
+pub(super) fn rejects(selected: &[Reject], limit: usize, json: bool) {
+    for r in selected.iter().take(limit) {
+        if json {
+            println!("{}", reject_json(r));
+        } else {
+            println!("{}", reject_line(r));
+        }
+    }
+    if selected.len() > limit {
+        eprintln!(
+            "{limit} of {} (oldest first; raise --limit for more)",
+            rejects_n(selected.len())
+        );
+    } else {
+        eprintln!("{}", rejects_n(selected.len()));
+    }
+}
+
+/// One readable line: time, stage, code, type, source, id, message.
+pub(super) fn reject_line(r: &Reject) -> String {
+    let source = match (&r.topic, r.partition, r.offset) {
+        (Some(t), Some(p), Some(o)) => format!("{t}/{p}@{o}"),
+        _ => "-".to_string(),
+    };
+    format!(
+        "{}  {:<8}  {:<18}  {:<12}  {}  {}  {}",
+        fmt_ms(r.rejected_at),
+        r.stage.as_str(),
+        r.code.as_str(),
+        r.type_name.as_deref().unwrap_or("-"),
+        source,
+        r.reject_id,
+        one_line(&r.message)
+    )
+}
+
+/// Bytes as JSON: a string when they are UTF-8, else `{"base64": ".."}`.
+fn bytes_json(b: &[u8]) -> serde_json::Value {
+    use base64::Engine;
+    match std::str::from_utf8(b) {
+        Ok(s) => serde_json::Value::String(s.to_string()),
+        Err(_) => serde_json::json!({
+            "base64": base64::engine::general_purpose::STANDARD.encode(b)
+        }),
+    }
+}
+
+/// A reject as JSON: its serde form, with key, value and header values as
+/// text (or base64) instead of byte arrays.
+fn reject_json(r: &Reject) -> serde_json::Value {
+    let opt = |b: &Option<Vec<u8>>| b.as_deref().map_or(serde_json::Value::Null, bytes_json);
+    // A reject is a struct of plain fields: it always serializes to an object.
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("key".into(), opt(&r.key));
+        o.insert("value".into(), opt(&r.value));
+        o.insert(
+            "headers".into(),
+            r.headers
+                .iter()
+                .map(|(k, v)| serde_json::json!([k, opt(v)]))
+                .collect(),
+        );
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rejects::{Origin, RejectCode};
+
+    #[test]
+    fn a_reject_prints_its_bytes_as_text_or_base64() {
+        let r = Reject::of_record(
+            Origin {
+                topic: "t".into(),
+                partition: 0,
+                offset: 3,
+                key: Some(b"k".to_vec()),
+                value: Some(vec![0xff]),
+                headers: vec![("h".into(), Some(b"v".to_vec())), ("n".into(), None)],
+                ..Default::default()
+            },
+            "Person",
+            RejectCode::Range,
+            "m\n  n",
+            None,
+        );
+        let json = reject_json(&r);
+        assert_eq!(json["key"], "k");
+        assert_eq!(json["value"]["base64"], "/w==");
+        assert_eq!(
+            json["headers"],
+            serde_json::json!([["h", "v"], ["n", null]])
+        );
+        let line = reject_line(&r);
+        assert!(line.contains("  validate  range  "), "{line}");
+        assert!(line.contains("  t/0@3  "), "{line}");
+        assert!(line.ends_with(" m n"), "{line}");
+        assert_eq!(rejects_n(1), "1 reject");
+        assert_eq!(rejects_n(2), "2 rejects");
+    }
+}

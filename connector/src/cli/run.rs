@@ -1,0 +1,56 @@
+//! `run`: the connector in the foreground, with signal handling (SIGINT and
+//! SIGTERM drain and stop, SIGUSR1 folds now). The run loop is `pipeline`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::pipeline::{run_with, RunOptions};
+use crate::query;
+
+pub(super) async fn run(path: &Path, exit_at_end: bool) -> Result<()> {
+    let config = Config::load(path)?;
+    super::print::check(&query::check(&config)?);
+    let shutdown = CancellationToken::new();
+    let fold_now = Arc::new(tokio::sync::Notify::new());
+    spawn_signal_handlers(shutdown.clone(), fold_now.clone())?;
+    let options = RunOptions {
+        exit_at_end,
+        fold_now: Some(fold_now),
+        published: None,
+        stats: None,
+    };
+    let summary = run_with(config, options, shutdown).await?;
+    println!(
+        "stopped after {} records; committed {} partitions",
+        summary.records,
+        summary.committed.len()
+    );
+    Ok(())
+}
+
+fn spawn_signal_handlers(
+    shutdown: CancellationToken,
+    fold_now: Arc<tokio::sync::Notify>,
+) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let sig = |k| signal(k).map_err(|e| Error::Other(format!("signal handler: {e}")));
+    let mut term = sig(SignalKind::terminate())?;
+    let mut int = sig(SignalKind::interrupt())?;
+    let mut usr1 = sig(SignalKind::user_defined1())?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = usr1.recv() => { fold_now.notify_one(); continue; }
+            }
+        }
+        tracing::info!("shutdown requested: draining");
+        shutdown.cancel();
+    });
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! One rule for librdkafka client configs built from `[kafka]`: a consumer
+//! gets every property plus graphsink's offset settings; a producer or an
+//! admin client gets every property except the consumer-only ones, so the
+//! user's connection and producer tuning pass through. It creates no clients.
+
+use std::collections::BTreeMap;
+
+use rdkafka::config::ClientConfig;
+
+use crate::config::Config;
+
+/// librdkafka properties that only a consumer understands.
+const CONSUMER_ONLY: &[&str] = &[
+    "group.id",
+    "group.instance.id",
+    "auto.offset.reset",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.commit.interval.ms",
+    "partition.assignment.strategy",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "isolation.level",
+    "enable.partition.eof",
+    "check.crcs",
+];
+
+/// Whether `key` is a property only a consumer understands.
+fn is_consumer_only(key: &str) -> bool {
+    CONSUMER_ONLY.contains(&key) || key.starts_with("fetch.") || key.starts_with("queued.")
+}
+
+/// The group consumer's settings: graphsink's defaults, the user's
+/// pass-through properties over them, and the offset settings graphsink
+/// cannot give up.
+pub(crate) fn consumer_config(config: &Config) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    cc.set("auto.offset.reset", "earliest");
+    cc.set("partition.assignment.strategy", "cooperative-sticky");
+    for (k, v) in &config.kafka {
+        cc.set(k, v);
+    }
+    // Only graphsink stores and commits offsets, after durability.
+    cc.set("enable.auto.commit", "false");
+    cc.set("enable.auto.offset.store", "false");
+    cc
+}
+
+/// A producer's or an admin client's settings: every `[kafka]` property but
+/// the consumer-only ones.
+pub(crate) fn producer_config(kafka: &BTreeMap<String, String>) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    for (k, v) in kafka.iter().filter(|(k, _)| !is_consumer_only(k)) {
+        cc.set(k, v);
+    }
+    cc
+}
+
+/// The dead-letter producer: `[kafka]` as for any producer, idempotent with
+/// `acks=all`, then `errors.producer` over it.
+pub(crate) fn dead_letter_config(config: &Config) -> ClientConfig {
+    let mut cc = producer_config(&config.kafka);
+    cc.set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", "10000");
+    for (k, v) in &config.errors.producer {
+        cc.set(k, v);
+    }
+    cc
+}
+
+/// `bootstrap.servers`, for error messages.
+pub(crate) fn servers(config: &Config) -> &str {
+    config
+        .kafka
+        .get("bootstrap.servers")
+        .map_or("", String::as_str)
+}
+
+/// A client context for one-shot clients (CLI commands, offset queries):
+/// librdkafka's connection errors and logs go to debug, since the caller
+/// reports a failure once, as its error (`RUST_LOG=rdkafka=debug` shows them).
+pub(crate) struct QuietContext;
+
+impl rdkafka::ClientContext for QuietContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        tracing::debug!(target: "rdkafka::client", ?level, fac, "librdkafka: {message}");
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        tracing::debug!(target: "rdkafka::client", "librdkafka: {error}: {reason}");
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kafka(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_producer_gets_every_property_but_the_consumer_only_ones() {
+        let cc = producer_config(&kafka(&[
+            ("bootstrap.servers", "b:9092"),
+            ("group.id", "g"),
+            ("session.timeout.ms", "6000"),
+            ("fetch.wait.max.ms", "5"),
+            ("queued.min.messages", "10"),
+            ("security.protocol", "sasl_ssl"),
+            ("sasl.username", "u"),
+            ("linger.ms", "20"),
+            ("compression.type", "zstd"),
+            ("client.id", "c"),
+        ]));
+        for (k, v) in [
+            ("bootstrap.servers", "b:9092"),
+            ("security.protocol", "sasl_ssl"),
+            ("sasl.username", "u"),
+            ("linger.ms", "20"),
+            ("compression.type", "zstd"),
+            ("client.id", "c"),
+        ] {
+            assert_eq!(cc.get(k), Some(v), "{k} passes through");
+        }
+        for k in [
+            "group.id",
+            "session.timeout.ms",
+            "fetch.wait.max.ms",
+            "queued.min.messages",
+        ] {
+            assert_eq!(cc.get(k), None, "{k} is consumer-only");
+        }
+    }
+
+    /// A minimal config with `[kafka]` replaced by `pairs`.
+    fn config(pairs: &[(&str, &str)]) -> Config {
+        let text = "[graph]\nroot = \"g\"\nschema = \"s.pg\"\n[kafka]\n\"bootstrap.servers\" = \"b:9092\"\n\"group.id\" = \"g\"\n[[mapping]]\ntopic = \"t\"\nnode = \"P\"\n";
+        let mut c = Config::from_toml(text, std::path::Path::new("/")).unwrap();
+        c.kafka = kafka(pairs);
+        c
+    }
+
+    #[test]
+    fn errors_producer_overrides_the_dead_letter_defaults() {
+        let mut config = config(&[("bootstrap.servers", "b:9092"), ("group.id", "g")]);
+        config.errors.producer = kafka(&[("message.timeout.ms", "1000"), ("linger.ms", "5")]);
+        let cc = dead_letter_config(&config);
+        assert_eq!(cc.get("acks"), Some("all"));
+        assert_eq!(cc.get("enable.idempotence"), Some("true"));
+        assert_eq!(cc.get("message.timeout.ms"), Some("1000"));
+        assert_eq!(cc.get("linger.ms"), Some("5"));
+        assert_eq!(cc.get("bootstrap.servers"), Some("b:9092"));
+        assert_eq!(cc.get("group.id"), None);
+    }
+
+    #[test]
+    fn a_consumer_never_auto_commits() {
+        let config = config(&[
+            ("bootstrap.servers", "b:9092"),
+            ("group.id", "g"),
+            ("enable.auto.offset.store", "true"),
+            ("auto.offset.reset", "latest"),
+        ]);
+        let cc = consumer_config(&config);
+        assert_eq!(cc.get("enable.auto.commit"), Some("false"));
+        assert_eq!(cc.get("enable.auto.offset.store"), Some("false"));
+        assert_eq!(cc.get("auto.offset.reset"), Some("latest"));
+        assert_eq!(
+            cc.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
+        assert_eq!(cc.get("group.id"), Some("g"));
+    }
+}

@@ -1,0 +1,171 @@
+//! The dead-letter producer: produces rejects to their dead-letter topic and
+//! waits for the broker's acknowledgements, retrying with backoff while the
+//! topic is unavailable. A reject is never dropped, and its offset waits
+//! until it is delivered. It decides nothing about what is rejected.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::future::join_all;
+use rdkafka::producer::FutureProducer;
+use tokio_util::sync::CancellationToken;
+
+use super::admin::{self, Created};
+use super::client;
+use super::record::{reject_record, Purpose};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::rejects::Reject;
+
+/// How long one produce may wait for room in librdkafka's queue.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+pub(crate) struct DeadLetters {
+    producer: FutureProducer,
+    /// Dead-letter topic by source topic, and by graph type (fold rejects
+    /// without source coordinates).
+    by_topic: HashMap<String, String>,
+    by_type: HashMap<String, String>,
+    default_topic: String,
+    connector: String,
+}
+
+/// A reject whose produce failed, and why.
+struct Failed<'a> {
+    reject: &'a Reject,
+    error: String,
+}
+
+impl DeadLetters {
+    /// The producer (see `client::dead_letter_config`); creates the
+    /// dead-letter topics that do not exist yet.
+    pub(crate) async fn connect(config: &Config) -> Result<DeadLetters> {
+        let cc = client::dead_letter_config(config);
+        let producer: FutureProducer = cc.create()?;
+        let mut by_topic = HashMap::new();
+        let mut by_type = HashMap::new();
+        for m in &config.mappings {
+            let dlq = config.dead_letter_topic(&m.topic).to_string();
+            by_topic.insert(m.topic.clone(), dlq.clone());
+            by_type.entry(m.type_name().to_string()).or_insert(dlq);
+        }
+        let dl = DeadLetters {
+            producer,
+            by_topic,
+            by_type,
+            default_topic: config.errors.dead_letter_topic.clone(),
+            connector: config.graph.actor.clone(),
+        };
+        dl.create_topics(&cc).await;
+        Ok(dl)
+    }
+
+    /// Best effort: a broker that auto-creates topics, or an operator who
+    /// created them, needs none of this; a failure shows at produce time.
+    async fn create_topics(&self, cc: &rdkafka::ClientConfig) {
+        let mut names: Vec<&str> = self.by_topic.values().map(String::as_str).collect();
+        names.push(&self.default_topic);
+        names.sort();
+        names.dedup();
+        let outcomes = match admin::create_topics(cc, &names, 1).await {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot create dead-letter topics");
+                return;
+            }
+        };
+        for o in outcomes {
+            let t = &o.topic;
+            match o.outcome {
+                Created::Created => tracing::info!(topic = %t, "created dead-letter topic"),
+                Created::Exists => tracing::debug!(topic = %t, "dead-letter topic exists"),
+                Created::Failed(e) => {
+                    tracing::warn!(topic = %t, error = %e, "cannot create dead-letter topic")
+                }
+            }
+        }
+    }
+
+    /// The dead-letter topic of a reject.
+    pub(crate) fn topic_for(&self, r: &Reject) -> &str {
+        r.topic
+            .as_ref()
+            .and_then(|t| self.by_topic.get(t))
+            .or_else(|| r.type_name.as_ref().and_then(|t| self.by_type.get(t)))
+            .unwrap_or(&self.default_topic)
+    }
+
+    /// Delivers every reject: all are queued at once and their
+    /// acknowledgements awaited together; only the failed ones are retried,
+    /// with backoff. Returns only when all are acknowledged, or with an
+    /// error once `stop` is cancelled.
+    pub(crate) async fn deliver(&self, rejects: &[Reject], stop: &CancellationToken) -> Result<()> {
+        let mut todo: Vec<&Reject> = rejects.iter().collect();
+        let mut delay = Duration::from_millis(100);
+        let mut first = true;
+        while !todo.is_empty() {
+            // The first round runs to its end (bounded by
+            // message.timeout.ms), so a graceful stop still delivers to a
+            // healthy topic; retries give way to `stop`.
+            let failed = if std::mem::take(&mut first) {
+                self.send_all(&todo).await
+            } else {
+                tokio::select! {
+                    failed = self.send_all(&todo) => failed,
+                    _ = stop.cancelled() => todo.iter().map(|&reject| Failed {
+                        reject,
+                        error: "stopped while producing".to_string(),
+                    }).collect(),
+                }
+            };
+            let Some(f) = failed.first() else {
+                return Ok(());
+            };
+            tracing::warn!(
+                topic = %self.topic_for(f.reject), failed = failed.len(), of = todo.len(),
+                reject_id = %f.reject.reject_id, error = %f.error,
+                "dead-letter produce failed; retrying (offsets wait)"
+            );
+            if stop.is_cancelled() {
+                return Err(Error::DeadLetter {
+                    topic: self.topic_for(f.reject).to_string(),
+                    reason: format!(
+                        "stopped before delivering reject {}: {}",
+                        f.reject.reject_id, f.error
+                    ),
+                });
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(5));
+            todo = failed.into_iter().map(|f| f.reject).collect();
+        }
+        Ok(())
+    }
+
+    /// Queues every reject in order, then awaits all their deliveries;
+    /// returns the failed ones, in order.
+    async fn send_all<'a>(&self, rejects: &[&'a Reject]) -> Vec<Failed<'a>> {
+        let results = join_all(rejects.iter().map(|r| self.send(r))).await;
+        rejects
+            .iter()
+            .zip(results)
+            .filter_map(|(&reject, sent)| sent.err().map(|error| Failed { reject, error }))
+            .collect()
+    }
+
+    async fn send(&self, r: &Reject) -> std::result::Result<(), String> {
+        let purpose = Purpose::DeadLetter {
+            connector: &self.connector,
+        };
+        let rec = reject_record(r, self.topic_for(r), &purpose);
+        self.producer
+            .send(rec, QUEUE_TIMEOUT)
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| e.to_string())
+    }
+}

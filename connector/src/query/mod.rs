@@ -1,0 +1,85 @@
+//! The operations behind the CLI's commands, as library functions that
+//! return plain structs: config check, commit log, snapshots, status,
+//! reject selection and replay, producing sample records. It parses no
+//! arguments and prints nothing (`cli` does).
+
+pub(crate) mod produce;
+pub(crate) mod rejects;
+pub(crate) mod status;
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::graph::{self, Graph, GraphCommit};
+use crate::schema::GraphSchema;
+
+/// What `check` found valid.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckSummary {
+    pub mappings: usize,
+    pub types: usize,
+    pub root: String,
+}
+
+/// Validates the config and the schema: every mapping must build its decoder.
+pub(crate) fn check(config: &Config) -> Result<CheckSummary> {
+    let schema = GraphSchema::load(&config.schema_path())?;
+    for m in &config.mappings {
+        crate::decode::RecordDecoder::new(&schema, m, 1, config.errors.max_record_bytes)?;
+    }
+    Ok(CheckSummary {
+        mappings: config.mappings.len(),
+        types: schema.types.len(),
+        root: config.root_uri(),
+    })
+}
+
+/// Folds everything durable into one graph commit, offline; `None` when
+/// there was nothing to fold.
+pub(crate) async fn fold_offline(config: &Config) -> Result<Option<GraphCommit>> {
+    let schema = GraphSchema::load(&config.schema_path())?;
+    let graph = Graph::open_or_init(config, schema).await?;
+    let policies = crate::fold::Policies::from_config(config);
+    crate::fold::fold_offline(&graph, &policies, &config.wal, &config.graph.actor).await
+}
+
+/// Graph commits, newest first, at most `limit`.
+pub(crate) async fn commits(config: &Config, limit: usize) -> Result<Vec<GraphCommit>> {
+    let graph = Graph::open_readonly(config.root_uri()).await?;
+    Ok(graph.commits().await?.into_iter().take(limit).collect())
+}
+
+/// One table of a snapshot.
+#[derive(Debug, Clone)]
+pub(crate) struct TableRows {
+    pub table: String,
+    pub version: u64,
+    pub rows: usize,
+}
+
+/// Row counts per table at one commit.
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    pub commit: GraphCommit,
+    /// In the commit's table order.
+    pub tables: Vec<TableRows>,
+}
+
+/// Row counts per table at the head, or at `commit`.
+pub(crate) async fn snapshot(config: &Config, commit: Option<&str>) -> Result<Snapshot> {
+    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let commit = match commit {
+        Some(id) => graph.commit(id).await?,
+        None => graph.head().await?,
+    };
+    let counts = graph::row_counts(&graph, &commit).await?;
+    let tables = commit
+        .tables
+        .iter()
+        .map(|(table, &version)| TableRows {
+            table: table.clone(),
+            version,
+            rows: counts.get(table).copied().unwrap_or(0),
+        })
+        .collect();
+    Ok(Snapshot { commit, tables })
+}
