@@ -109,7 +109,7 @@ pub async fn run(
         .await?
         .ok_or("nothing to fold")?;
         let plan_secs = t_plan.elapsed().as_secs_f64();
-        let (commit, _) = graphsink::fold::execute(&graph, &policies, &plan).await?;
+        let commit = graphsink::fold::execute(&graph, &policies, &plan).await?.commit;
         let fold_secs = start.elapsed().as_secs_f64();
         if probes.contains(&seq) {
             let manifest = graph.open_table("__manifest", None).await?;

@@ -180,7 +180,10 @@ async fn redeliver(
     dead_letters: &DeadLetters,
     shutdown: &CancellationToken,
 ) -> Result<u64> {
-    let (delivered, late) = fold::undelivered(graph).await?;
+    let fold::Undelivered {
+        head_seq: delivered,
+        rejects: late,
+    } = fold::undelivered(graph).await?;
     if !late.is_empty() {
         tracing::warn!(
             rejects = late.len(),

@@ -348,3 +348,98 @@ async fn a_failed_run_leaves_no_fold_loop_running() {
     );
     assert_eq!(committed(&tg.group, topic, 1).get(&0), None);
 }
+
+/// Writes one record of `value` at `offset` to the WAL, flushes it, and
+/// plans the fold of it on the current head.
+async fn stage(
+    g: &Graph,
+    pool: &graphsink::shards::ShardPool,
+    decoder: &mut graphsink::decode::RecordDecoder,
+    topic: &str,
+    offset: i64,
+    value: serde_json::Value,
+) -> graphsink::fold::FoldPlan {
+    let bytes = value.to_string();
+    let rec = graphsink::decode::SourceRecord {
+        topic,
+        partition: 0,
+        offset,
+        timestamp: None,
+        key: None,
+        value: Some(bytes.as_bytes()),
+        headers: None,
+    };
+    let decoded = decoder.decode(&[rec]).unwrap();
+    for w in pool.tables["nodes/Person"]
+        .put(decoded.upserts.unwrap())
+        .await
+        .unwrap()
+    {
+        w.wait().await.unwrap();
+    }
+    let mut limits = std::collections::HashMap::new();
+    for f in pool.freeze_all().await.unwrap() {
+        limits.insert(f.shard, f.upto_generation);
+        f.fence.wait().await.unwrap();
+    }
+    let policies = graphsink::fold::Policies::default();
+    let head = g.head().await.unwrap();
+    let spans = graphsink::offsets::WrittenSpans::default();
+    graphsink::fold::plan(g, &policies, &head, &Some(limits), &spans, "test")
+        .await
+        .unwrap()
+        .expect("something to fold")
+}
+
+/// A fold whose head moved before its publish re-runs its checks against
+/// the new head: it rebases when they agree, and refuses when they do not
+/// (here the new head lacks the node whose `@unique` email made a row a
+/// duplicate), instead of publishing what the new parent would refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_on_a_moved_head_rebases_only_if_its_checks_agree() {
+    let tg = TestGraph::with_schema(
+        "node Person { name: String @key  email: String? @unique }",
+        &["node = \"Person\""],
+        "[wal]\nbuckets = 1",
+    );
+    let cfg = tg.config();
+    let g = local_graph(&tg).await;
+    let policies = graphsink::fold::Policies::from_config(&cfg);
+    let pool = graphsink::shards::ShardPool::open(&g, &cfg.wal, &g.wal_tables())
+        .await
+        .unwrap();
+    let mut decoder =
+        graphsink::decode::RecordDecoder::new(&g.schema, &cfg.mappings[0], 16, 1 << 20).unwrap();
+    let topic = tg.topics[0].clone();
+    let init = g.head().await.unwrap();
+
+    let p1 = stage(&g, &pool, &mut decoder, &topic, 0, json!({"name": "a", "email": "x"})).await;
+    let c1 = graphsink::fold::execute(&g, &policies, &p1).await.unwrap().commit;
+
+    // Another publisher moves the head, pinning the same tables: the checks
+    // agree, so the fold rebases onto it.
+    let p2 = stage(&g, &pool, &mut decoder, &topic, 1, json!({"name": "c", "email": "y"})).await;
+    let other = child_of(&c1, "other");
+    g.publish(&other).await.unwrap();
+    let c2 = graphsink::fold::execute(&g, &policies, &p2).await.unwrap().commit;
+    assert_eq!(c2.parent.as_deref(), Some(other.id.as_str()));
+    assert_eq!(c2.seq, other.seq + 1);
+
+    // b's email is held by a at the fold's parent, so the fold rejects b;
+    // the new head pins Person from before a, where b would be accepted.
+    let p3 = stage(&g, &pool, &mut decoder, &topic, 2, json!({"name": "b", "email": "x"})).await;
+    let mut older = child_of(&c2, "other");
+    older
+        .tables
+        .insert("nodes/Person".into(), init.tables["nodes/Person"]);
+    g.publish(&older).await.unwrap();
+    let err = graphsink::fold::execute(&g, &policies, &p3)
+        .await
+        .expect_err("the checks disagree on the new head");
+    assert!(
+        matches!(&err, graphsink::Error::CommitConflict { expected, found }
+            if *expected == c2.id && *found == older.id),
+        "{err}"
+    );
+    assert_eq!(g.head().await.unwrap().id, older.id, "nothing published");
+}

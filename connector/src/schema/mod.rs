@@ -2,9 +2,11 @@
 //! omnigraph-compiler. Owns the column layout of every table under the graph
 //! root (`tables`); does not touch storage.
 
+mod provenance;
 mod tables;
 mod values;
 
+pub use provenance::{Provenance, Source};
 pub use tables::*;
 pub use values::{canonical_ids, row_json};
 

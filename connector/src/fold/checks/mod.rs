@@ -1,0 +1,253 @@
+//! The graph checks of a fold: what needs base state. Pure functions of what
+//! the fold read (`ReadSet`) and a pre-read view of the base tables at one
+//! commit (`BaseView`, the only I/O), returning the rows to write (`Change`
+//! per table) and typed rejections.
+//!
+//! Node tables first (`@unique`, deletes of referenced nodes under `reject`
+//! or `cascade`), then edge tables (endpoints with their declared types,
+//! deferral and `max_pending_edges`, `@card`, `@unique`), so edge checks see
+//! this fold's nodes.
+
+mod card;
+mod edges;
+mod nodes;
+mod unique;
+mod view;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use arrow::array::RecordBatch;
+
+use super::policy::Policies;
+use super::read::ReadSet;
+use super::rows::{str_at, RowRef};
+use crate::error::Result;
+use crate::rejects::{Reject, RejectCode};
+use crate::schema::{pending_table, row_json, GraphSchema, GraphType, Provenance, ID};
+
+pub(crate) use view::{read_view, BaseView};
+
+/// The rows one fold changes in one table, after the checks.
+#[derive(Debug, Default)]
+pub(crate) struct Change {
+    pub upserts: Option<RecordBatch>,
+    pub deletes: Vec<String>,
+    /// Rejected rows of this table (for its stats).
+    pub rejected: u64,
+    /// Overwrite instead of merge (pending tables).
+    pub replace: Option<RecordBatch>,
+}
+
+/// What the checks refused, and why.
+#[derive(Debug, Clone)]
+pub(crate) struct Rejection {
+    pub table: String,
+    pub type_name: String,
+    pub refused: Refused,
+    pub code: RejectCode,
+    pub message: String,
+}
+
+/// The refused write: an upserted row, or a delete by id.
+#[derive(Debug, Clone)]
+pub(crate) enum Refused {
+    /// A row of the table's rows (with provenance).
+    Upsert(RowRef),
+    /// A delete; `row` is what the reject records of it.
+    Delete { id: String, row: serde_json::Value },
+}
+
+/// A row of a checked batch that a check refuses, and the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Violation {
+    pub index: usize,
+    pub message: String,
+}
+
+impl Rejection {
+    fn upsert(
+        ty: &GraphType,
+        rows: &RecordBatch,
+        index: usize,
+        code: RejectCode,
+        message: String,
+    ) -> Self {
+        Rejection {
+            table: ty.table.clone(),
+            type_name: ty.name.clone(),
+            refused: Refused::Upsert(RowRef {
+                rows: rows.clone(),
+                index,
+            }),
+            code,
+            message,
+        }
+    }
+
+    fn delete(
+        ty: &GraphType,
+        id: &str,
+        row: serde_json::Value,
+        code: RejectCode,
+        message: String,
+    ) -> Self {
+        Rejection {
+            table: ty.table.clone(),
+            type_name: ty.name.clone(),
+            refused: Refused::Delete {
+                id: id.to_string(),
+                row,
+            },
+            code,
+            message,
+        }
+    }
+
+    /// The id of the refused row or delete.
+    pub fn id(&self) -> Result<String> {
+        match &self.refused {
+            Refused::Upsert(r) => str_at(&r.rows, ID, r.index),
+            Refused::Delete { id, .. } => Ok(id.clone()),
+        }
+    }
+
+    /// The reject of fold `commit_id`. Its id is a function of the commit,
+    /// the table, the refused row and the code, so a rolled-forward fold
+    /// rejects under the same ids.
+    pub fn to_reject(&self, commit_id: &str, created_at: i64) -> Result<Reject> {
+        let id = self.id()?;
+        let (what, row, source) = match &self.refused {
+            Refused::Upsert(r) => {
+                let source = Provenance::of(&r.rows)?
+                    .source(r.index)
+                    .map(|s| (s.topic, s.partition, s.offset, s.timestamp));
+                ("upsert", row_json(&r.rows, r.index), source)
+            }
+            Refused::Delete { row, .. } => ("delete", Some(row.to_string()), None),
+        };
+        Ok(Reject::of_fold(
+            commit_id,
+            &format!("{}:{what}:{id}", self.table),
+            &self.type_name,
+            self.code,
+            self.message.clone(),
+            row,
+            source,
+            created_at,
+        ))
+    }
+}
+
+/// What the checks decided for one fold.
+#[derive(Debug, Default)]
+pub(crate) struct Checked {
+    /// Per table (node, edge and `_pending/*` tables).
+    pub changes: BTreeMap<String, Change>,
+    /// In the order the checks met them.
+    pub rejections: Vec<Rejection>,
+}
+
+/// The ids a fold's checks keep and refuse: two checks of the same read
+/// agree when their decisions are equal.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Decision {
+    rejected: BTreeSet<(String, String, &'static str)>,
+    tables: BTreeMap<String, TableDecision>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct TableDecision {
+    upserts: BTreeSet<String>,
+    deletes: BTreeSet<String>,
+    replace: Option<BTreeSet<String>>,
+}
+
+impl Checked {
+    pub fn decision(&self) -> Result<Decision> {
+        let ids = |b: Option<&RecordBatch>| -> Result<BTreeSet<String>> {
+            Ok(super::rows::id_set(b)?.into_iter().collect())
+        };
+        let mut tables = BTreeMap::new();
+        for (t, c) in &self.changes {
+            let replace = match &c.replace {
+                Some(r) => Some(ids(Some(r))?),
+                None => None,
+            };
+            let d = TableDecision {
+                upserts: ids(c.upserts.as_ref())?,
+                deletes: c.deletes.iter().cloned().collect(),
+                replace,
+            };
+            tables.insert(t.clone(), d);
+        }
+        let rejected = self
+            .rejections
+            .iter()
+            .map(|r| Ok((r.table.clone(), r.id()?, r.code.as_str())))
+            .collect::<Result<_>>()?;
+        Ok(Decision { rejected, tables })
+    }
+}
+
+/// What the checks read besides the rows: the schema, the policies, the
+/// fold's clock and the base view.
+pub(crate) struct Ctx<'a> {
+    pub schema: &'a GraphSchema,
+    pub policies: &'a Policies,
+    /// The fold's `created_at`: deferral times and deadlines count from it.
+    pub now: i64,
+    /// Edge tables whose deferred edges this fold retries.
+    pub retry_pending: &'a [String],
+    pub read: &'a ReadSet,
+    pub view: &'a BaseView,
+}
+
+/// Node ids this fold adds and removes, per node table: what edge checks
+/// see on top of the base.
+#[derive(Debug, Default)]
+pub(crate) struct FoldNodes {
+    pub added: HashMap<String, HashSet<String>>,
+    pub removed: HashMap<String, HashSet<String>>,
+    /// Edge ids whose deletes cascade from node deletes, per edge table.
+    pub cascade: HashMap<String, Vec<String>>,
+}
+
+/// Runs every check: node tables, then edge tables.
+pub(crate) fn check(ctx: &Ctx) -> Result<Checked> {
+    let mut out = Checked::default();
+    let mut nodes = FoldNodes::default();
+    for ty in ctx.schema.nodes() {
+        let Some(r) = ctx.read.get(&ty.table) else {
+            continue;
+        };
+        let n = nodes::check_node_table(ctx, ty, r)?;
+        for (table, ids) in n.cascade {
+            nodes.cascade.entry(table).or_default().extend(ids);
+        }
+        nodes.added.insert(ty.table.clone(), n.added);
+        nodes.removed.insert(ty.table.clone(), n.removed);
+        out.rejections.extend(n.rejections);
+        out.changes.insert(ty.table.clone(), n.change);
+    }
+    for ty in ctx.schema.edges() {
+        let cascaded = nodes.cascade.remove(&ty.table).unwrap_or_default();
+        let Some(e) = edges::check_edge_table(ctx, ty, &nodes, cascaded)? else {
+            continue;
+        };
+        out.rejections.extend(e.rejections);
+        out.changes.insert(ty.table.clone(), e.change);
+        if let Some(rows) = e.pending {
+            out.changes.insert(
+                pending_table(&ty.table),
+                Change {
+                    replace: Some(rows),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+    Ok(out)
+}

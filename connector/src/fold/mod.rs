@@ -1,0 +1,148 @@
+//! Fold: merges flushed WAL generations into the base tables, checks what
+//! needs graph state, and publishes exactly one graph commit per fold.
+//!
+//! The stages, in order:
+//! 1. `plan` — which generations of which shards, which deferred edges to
+//!    retry, and the parent commit's table versions to check against;
+//! 2. `read` — the newest row per id across the planned generations;
+//! 3. `checks` — a pre-read view of the base (`read_view`), then pure graph
+//!    checks (endpoints, `@card`, `@unique`, referenced deletes, deferral);
+//! 4. `write` — delete and upsert passes per table, each commit carrying
+//!    the plan, so a crash before the publish is finished by `recover`;
+//! 5. `publish` — the graph commit, a compare-and-swap on the head.
+//!
+//! Around them: `task` (the fold loop of a running connector), `offline`
+//! (`graphsink fold`), `recover` (roll an unpublished fold forward) and
+//! `redeliver` (fold rejects a crash kept from the dead-letter topic).
+//! Reading and checking see only the plan's generations and the tables at
+//! the versions of the commit they check against, so they give the same
+//! answer every time.
+
+mod checks;
+mod offline;
+mod plan;
+mod policy;
+mod publish;
+mod read;
+mod recover;
+mod redeliver;
+mod rows;
+mod task;
+mod write;
+
+use crate::config::Tolerance;
+use crate::error::{Error, Result};
+use crate::failpoints;
+use crate::graph::{Graph, GraphCommit};
+use crate::rejects::Reject;
+
+use checks::{Checked, Ctx, Decision};
+use publish::Published;
+use read::ReadSet;
+
+pub use offline::fold_offline;
+pub(crate) use plan::oldest_pending;
+pub use plan::{plan, Cut, FoldPlan, ShardPlan, TablePlan};
+pub use policy::{Policies, TypePolicy};
+pub(crate) use recover::recover;
+pub(crate) use redeliver::{undelivered, Undelivered};
+pub(crate) use task::{CutRequest, FoldLoop, FreezeCut};
+pub use write::COMPACT_FRAGMENTS;
+
+/// How many times a publish may find the head moved (and re-check) before
+/// the fold gives up.
+const MOVES: usize = 8;
+
+/// A published fold: its commit, and its rejects (now in `_ingest_rejects`),
+/// which the caller delivers to the dead-letter topic.
+#[derive(Debug)]
+pub struct Folded {
+    pub commit: GraphCommit,
+    pub rejects: Vec<Reject>,
+}
+
+/// Executes a plan: read → check → write → publish. Idempotent: tables
+/// whose last pass of this plan is committed are not written again.
+pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Result<Folded> {
+    let read = read::read_plan(graph, plan).await?;
+    let checked = check_on(graph, policies, plan, &read, &plan.base).await?;
+    let rejects: Vec<Reject> = checked
+        .rejections
+        .iter()
+        .map(|r| r.to_reject(&plan.commit_id, plan.created_at))
+        .collect::<Result<_>>()?;
+    if policies.tolerance == Tolerance::None {
+        if let Some(r) = rejects.first() {
+            return Err(r.intolerable());
+        }
+    }
+    let decision = checked.decision()?;
+    let changes = write::with_rejects(checked.changes, plan, &read, &rejects)?;
+    let outcomes = write::write_all(graph, plan, changes).await?;
+    failpoints::hit(failpoints::FOLD_BEFORE_PUBLISH)?;
+    let commit = publish_checked(graph, policies, plan, &read, &decision, &outcomes).await?;
+    Ok(Folded { commit, rejects })
+}
+
+/// Reads the base view at `base` and runs the checks on `read`.
+async fn check_on(
+    graph: &Graph,
+    policies: &Policies,
+    plan: &FoldPlan,
+    read: &ReadSet,
+    base: &std::collections::BTreeMap<String, u64>,
+) -> Result<Checked> {
+    let view = checks::read_view(graph, base, &plan.retry_pending, read).await?;
+    checks::check(&Ctx {
+        schema: &graph.schema,
+        policies,
+        now: plan.created_at,
+        retry_pending: &plan.retry_pending,
+        read,
+        view: &view,
+    })
+}
+
+/// Publishes, re-checking on a moved head. The fold's tables are written
+/// already, so a rebase is sound only if the checks, run against the new
+/// head, decide exactly what they decided against the parent: then the
+/// written rows are what a fold planned on the new head would have written.
+/// Otherwise the publish is refused (`rebase`), loudly: the unpublished
+/// fold stays behind the head's pins, where `recover` meets it again.
+async fn publish_checked(
+    graph: &Graph,
+    policies: &Policies,
+    plan: &FoldPlan,
+    read: &ReadSet,
+    decision: &Decision,
+    outcomes: &write::Outcomes,
+) -> Result<GraphCommit> {
+    let mut checked_on = plan.parent.clone();
+    for _ in 0..MOVES {
+        let head = match publish::publish(graph, plan, outcomes, &checked_on).await? {
+            Published::Done(commit) => return Ok(commit),
+            Published::Moved(head) => head,
+        };
+        let again = check_on(graph, policies, plan, read, &head.tables).await?;
+        rebase(&checked_on, &head, decision, &again.decision()?)?;
+        tracing::warn!(expected = %checked_on, found = %head.id, "head moved before publish; the checks agree on the new head, rebasing");
+        checked_on = head.id;
+    }
+    Err(Error::CommitConflict {
+        expected: checked_on,
+        found: "a head that keeps moving".into(),
+    })
+}
+
+/// Whether a fold checked against `checked_on` may rebase onto `head`:
+/// only when the re-check against `head` decided the same.
+fn rebase(checked_on: &str, head: &GraphCommit, before: &Decision, after: &Decision) -> Result<()> {
+    if before == after {
+        return Ok(());
+    }
+    tracing::error!(expected = %checked_on, found = %head.id, "head moved before publish and the checks disagree on the new head; refusing to publish");
+    Err(Error::CommitConflict {
+        expected: checked_on.to_string(),
+        found: head.id.clone(),
+    })
+}

@@ -1,0 +1,70 @@
+//! Dead-letter re-delivery: the fold rejects of published commits that a
+//! crash between a publish and its dead-letter produce left undelivered.
+//! Finding them is the fold's (it knows which commits rejected what);
+//! producing them is `rejects`'.
+
+use arrow::array::RecordBatch;
+use futures::TryStreamExt;
+
+use crate::error::{Context, Result};
+use crate::graph::{Graph, GraphCommit};
+use crate::rejects::{self, Reject};
+use crate::schema::REJECTS_TABLE;
+
+/// Fold rejects not yet on the dead-letter topic.
+#[derive(Debug, Default)]
+pub(crate) struct Undelivered {
+    /// The head's seq: the delivery mark once `rejects` are produced.
+    pub head_seq: u64,
+    /// By `reject_id`.
+    pub rejects: Vec<Reject>,
+}
+
+/// Fold rejects of published commits newer than the head's delivery mark.
+pub(crate) async fn undelivered(graph: &Graph) -> Result<Undelivered> {
+    let head = graph.head().await?;
+    let mark = graph.dead_letters_delivered().await?;
+    let none = Undelivered {
+        head_seq: head.seq,
+        rejects: vec![],
+    };
+    if head.seq <= mark {
+        return Ok(none);
+    }
+    let commits: Vec<GraphCommit> = graph
+        .commits()
+        .await?
+        .into_iter()
+        .filter(|c| c.seq > mark)
+        .filter(|c| c.stats.values().any(|s| s.rejected > 0))
+        .collect();
+    if commits.is_empty() {
+        return Ok(none);
+    }
+    let ds = graph
+        .open_table(REJECTS_TABLE, head.tables.get(REJECTS_TABLE).copied())
+        .await?;
+    let ids: Vec<String> = commits.iter().map(|c| format!("'{}'", c.id)).collect();
+    let mut scan = ds.scan();
+    scan.filter(&format!(
+        "stage = 'fold' AND graph_commit IN ({})",
+        ids.join(", ")
+    ))
+    .ctx("undelivered rejects")?;
+    let batches: Vec<RecordBatch> = scan
+        .try_into_stream()
+        .await
+        .ctx("undelivered rejects")?
+        .try_collect()
+        .await
+        .ctx("undelivered rejects")?;
+    let mut out = Vec::new();
+    for b in &batches {
+        out.extend(rejects::from_batch(b)?);
+    }
+    out.sort_by(|a, b| a.reject_id.cmp(&b.reject_id));
+    Ok(Undelivered {
+        head_seq: head.seq,
+        rejects: out,
+    })
+}

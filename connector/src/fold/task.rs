@@ -1,0 +1,127 @@
+//! The fold task: the background fold loop of a running connector. Serial,
+//! one fold at a time; it asks the run loop for a freeze cut, waits for the
+//! flushes, folds and publishes, then hands the fold's rejects to the
+//! dead-letter topic.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{execute, plan, Folded, Policies};
+use crate::error::Result;
+use crate::failpoints;
+use crate::graph::{Graph, GraphCommit};
+use crate::offsets::WrittenSpans;
+use crate::kafka::DeadLetters;
+use crate::shards;
+
+/// What the run loop hands the fold loop at a cut: the frozen memtables and
+/// the offsets written since the previous cut.
+pub(crate) struct FreezeCut {
+    pub frozen: Vec<shards::FrozenShard>,
+    pub spans: WrittenSpans,
+}
+
+pub(crate) type CutRequest = tokio::sync::oneshot::Sender<Result<FreezeCut>>;
+
+/// The background fold loop of a running connector: serial, one fold at a
+/// time, triggered by its interval, by `wake` (pending rows/bytes, or an
+/// operator's request), and stopped by `stop`.
+pub(crate) struct FoldLoop {
+    pub graph: Graph,
+    pub policies: Policies,
+    pub interval: std::time::Duration,
+    pub actor: String,
+    pub cuts: tokio::sync::mpsc::Sender<CutRequest>,
+    pub wake: Arc<tokio::sync::Notify>,
+    pub stop: tokio_util::sync::CancellationToken,
+    /// Fold once more when stopped, so a graceful shutdown leaves the graph
+    /// current (and its offsets exactly attributed).
+    pub final_fold: bool,
+    /// Receives each published commit (tests and latency measurements).
+    pub published: tokio::sync::watch::Sender<Option<GraphCommit>>,
+    /// Where fold rejects go once their commit is published.
+    pub(crate) dead_letters: DeadLetters,
+    /// Newest commit whose fold rejects are all delivered.
+    pub delivered: u64,
+    /// Gives up a dead-letter delivery that keeps failing (shutdown).
+    pub stop_delivery: tokio_util::sync::CancellationToken,
+}
+
+impl FoldLoop {
+    pub(crate) async fn run(mut self) -> Result<()> {
+        let period = if self.interval.is_zero() {
+            std::time::Duration::from_secs(3600 * 24 * 365)
+        } else {
+            self.interval
+        };
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        // Offsets of cuts whose fold has not been published yet.
+        let mut spans = WrittenSpans::default();
+        loop {
+            let last = tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => {
+                    if !self.final_fold {
+                        return Ok(());
+                    }
+                    true
+                }
+                _ = self.wake.notified() => false,
+                _ = tick.tick() => false,
+            };
+            if !self.fold_once(&mut spans).await? || last {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Cuts, waits for the flushes, folds and publishes. Returns false when
+    /// the run loop is gone.
+    async fn fold_once(&mut self, spans: &mut WrittenSpans) -> Result<bool> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.cuts.send(tx).await.is_err() {
+            return Ok(false);
+        }
+        let Ok(cut) = rx.await else { return Ok(false) };
+        let cut = cut?;
+        spans.merge(&cut.spans);
+        let mut limits = HashMap::new();
+        for f in cut.frozen {
+            limits.insert(f.shard, f.upto_generation);
+            f.fence
+                .wait()
+                .await
+                .map_err(|e| shards::fenced_or(e, &f.table, f.bucket, f.shard, "flush"))?;
+        }
+        let head = self.graph.head().await?;
+        if let Some(mut plan) = plan(
+            &self.graph,
+            &self.policies,
+            &head,
+            &Some(limits),
+            spans,
+            &self.actor,
+        )
+        .await?
+        {
+            plan.dead_letters_delivered = plan.dead_letters_delivered.max(self.delivered);
+            let Folded { commit, rejects } = execute(&self.graph, &self.policies, &plan).await?;
+            *spans = WrittenSpans::default();
+            // Published first, then produced: a crash in between re-delivers
+            // on the next start (at least once, by reject_id).
+            failpoints::hit(failpoints::FOLD_BEFORE_DEAD_LETTERS)?;
+            if !rejects.is_empty() {
+                self.dead_letters
+                    .deliver(&rejects, &self.stop_delivery)
+                    .await?;
+                self.graph.set_dead_letters_delivered(commit.seq).await?;
+            }
+            // Every earlier commit's rejects went out before this fold.
+            self.delivered = commit.seq;
+            let _ = self.published.send(Some(commit));
+        }
+        Ok(true)
+    }
+}
