@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
-use graphsink::decode::{RecordDecoder, SourceRecord};
-use graphsink::graph::Graph;
-use graphsink::offsets::WrittenSpans;
-use graphsink::shards::ShardPool;
+use graphsink::testing::{RecordDecoder, SourceRecord};
+use graphsink::Graph;
+use graphsink::testing::WrittenSpans;
+use graphsink::testing::ShardPool;
 use serde::Serialize;
 
 use crate::broker::BoxError;
@@ -50,9 +50,9 @@ pub async fn run(
         ),
         dir,
     )?;
-    let schema = graphsink::schema::GraphSchema::load(&cfg.schema_path())?;
+    let schema = graphsink::GraphSchema::load(&cfg.schema_path())?;
     let graph = Graph::open_or_init(&cfg, schema).await?;
-    let policies = graphsink::fold::Policies::from_config(&cfg);
+    let policies = graphsink::testing::Policies::from_config(&cfg);
     let mut decoder =
         RecordDecoder::new(&graph.schema, &cfg.mappings[0], rows.max(filler), 1 << 20)?;
     let pool = ShardPool::open(&graph, &cfg.wal, &graph.wal_tables()).await?;
@@ -98,7 +98,7 @@ pub async fn run(
         let head = graph.head().await?;
         let head_secs = t_head.elapsed().as_secs_f64();
         let t_plan = Instant::now();
-        let plan = graphsink::fold::plan(
+        let plan = graphsink::testing::plan(
             &graph,
             &policies,
             &head,
@@ -109,7 +109,7 @@ pub async fn run(
         .await?
         .ok_or("nothing to fold")?;
         let plan_secs = t_plan.elapsed().as_secs_f64();
-        let commit = graphsink::fold::execute(&graph, &policies, &plan).await?.commit;
+        let commit = graphsink::testing::execute(&graph, &policies, &plan).await?.commit;
         let fold_secs = start.elapsed().as_secs_f64();
         if probes.contains(&seq) {
             let manifest = graph.open_table("__manifest", None).await?;

@@ -13,7 +13,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
-use graphsink::graph::GraphCommit;
+use graphsink::GraphCommit;
 use graphsink::RunStats;
 
 use crate::broker::BoxError;

@@ -236,17 +236,17 @@ pub async fn fold_cost(
 /// config names.
 pub async fn fold_child(config_path: &Path) -> Result<FoldCost, BoxError> {
     let cfg = Config::load(config_path)?;
-    let graph = graphsink::graph::Graph::open_or_init(
+    let graph = graphsink::Graph::open_or_init(
         &cfg,
-        graphsink::schema::GraphSchema::load(&cfg.schema_path())?,
+        graphsink::GraphSchema::load(&cfg.schema_path())?,
     )
     .await?;
     let start_rss_mib = measure::rss_mib();
     measure::reset_peak_rss();
     let start = Instant::now();
-    let commit = graphsink::fold::fold_offline(
+    let commit = graphsink::testing::fold_offline(
         &graph,
-        &graphsink::fold::Policies::from_config(&cfg),
+        &graphsink::testing::Policies::from_config(&cfg),
         &cfg.wal,
         "graphsink-bench",
     ).await?;

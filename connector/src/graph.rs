@@ -385,9 +385,9 @@ impl Graph {
     }
 
     /// `publish` against `__manifest` as of `version`, as a publisher that
-    /// read the head there would. Lets tests race two publishers exactly.
-    #[doc(hidden)]
-    pub async fn publish_from_version(&self, version: u64, commit: &GraphCommit) -> Result<()> {
+    /// read the head there would. Lets tests race two publishers exactly
+    /// (`testing::publish_from_version`).
+    pub(crate) async fn publish_from_version(&self, version: u64, commit: &GraphCommit) -> Result<()> {
         let ds = self.open_table(MANIFEST_TABLE, Some(version)).await?;
         self.publish_on(ds, commit).await
     }
@@ -411,9 +411,8 @@ impl Graph {
         Ok(())
     }
 
-    /// The manifest's current version (tests).
-    #[doc(hidden)]
-    pub async fn manifest_version(&self) -> Result<u64> {
+    /// The manifest's current version (`testing::manifest_version`).
+    pub(crate) async fn manifest_version(&self) -> Result<u64> {
         Ok(self.open_manifest().await?.version().version)
     }
 

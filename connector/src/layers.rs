@@ -25,6 +25,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("pipeline", 6),
     ("query", 6),
     ("cli", 7),
+    ("testing", 8),
     ("layers", 8),
 ];
 

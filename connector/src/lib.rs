@@ -1,30 +1,55 @@
 //! graphsink: a Kafka sink connector for typed property graphs on Lance.
 //!
-//! Data flows one way: `kafka::consumer` → `decode` → `shards` (WAL) →
-//! `offsets` → commits to Kafka; `fold` reads flushed WAL generations and
-//! writes graph commits through `graph`. `pipeline::run` is the whole
-//! connector; all librdkafka plumbing is in `kafka`; `query` holds the
-//! operations behind the CLI's commands, and `cli` parses and prints.
+//! Data flows one way: `kafka::consumer` → `decode` → `validate` →
+//! `shards` (WAL) → `offsets` → commits to Kafka; `fold` reads flushed WAL
+//! generations and writes graph commits through `graph`. `run` is the whole
+//! connector; `query` holds what the CLI's commands do, and `cli` parses
+//! and prints. docs/ARCHITECTURE.md maps every module.
+//!
+//! Every module is private; what a user (or the binary) needs is re-exported
+//! here. graphsink's own tests and bench reach internals through `testing`.
 
-pub mod cli;
-pub mod config;
-pub mod decode;
-pub mod error;
-pub mod failpoints;
-pub mod fold;
-pub mod graph;
-pub(crate) mod kafka;
+mod cli;
+mod config;
+mod decode;
+mod error;
+mod failpoints;
+mod fold;
+mod graph;
+mod kafka;
 #[cfg(test)]
 mod layers;
-pub mod offsets;
-pub mod pipeline;
-pub(crate) mod query;
-pub mod rejects;
-pub mod schema;
-pub mod shards;
-pub mod types;
-pub mod validate;
+mod offsets;
+mod pipeline;
+mod query;
+mod rejects;
+mod schema;
+mod shards;
+pub mod testing;
+mod types;
+mod validate;
 
-pub use config::Config;
+/// The `graphsink` command line (the binary is this one call).
+pub use cli::main as cli_main;
+pub use config::{
+    Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings, KeyOrigin,
+    KeySource, Mapping, OffsetSettings, Tolerance, UnknownFields, WalSettings,
+};
 pub use error::{Error, ErrorKind, Result};
+/// Reading a graph: its commits, and each table at the version a commit pins.
+pub use graph::{row_counts, FoldedShard, Graph, GraphCommit, TableStats};
+pub use kafka::queries::MissingTopic;
 pub use pipeline::{run, run_with, RunOptions, RunStats, RunSummary};
+/// What the CLI's commands do, as library calls.
+pub use query::produce::produce_file;
+pub use query::rejects::{
+    replay as replay_rejects, select as select_rejects, select_replay, RejectFilter,
+    ReplaySelection,
+};
+pub use query::status::{
+    graph_status, kafka_status, GraphStatus, KafkaStatus, PartitionStatus, PendingStatus,
+};
+pub use query::{check, commits, fold_offline, snapshot, CheckSummary, Snapshot, TableRows};
+pub use rejects::{Reject, RejectCode, Stage};
+pub use schema::GraphSchema;
+pub use types::{now_ms, OffsetRange, TopicPartition};

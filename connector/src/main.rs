@@ -1,5 +1,5 @@
 //! The `graphsink` binary: parses the command line and hands over to the library.
 
 fn main() -> std::process::ExitCode {
-    graphsink::cli::main()
+    graphsink::cli_main()
 }

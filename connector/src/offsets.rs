@@ -17,6 +17,7 @@ pub struct PollAck {
 }
 
 impl PollAck {
+    #[cfg(test)]
     pub fn record(&mut self, topic: &str, partition: i32, offset: i64) {
         self.records += 1;
         match self.high.get_mut(&(topic.to_string(), partition)) {

@@ -16,7 +16,7 @@ fn keys(rows: &BTreeMap<String, Value>) -> Vec<String> {
 
 async fn rows_if_any(tg: &TestGraph, table: &str) -> BTreeMap<String, Value> {
     // The connector may not have created the graph yet.
-    let Ok(g) = graphsink::graph::Graph::open_readonly(tg.root()).await else {
+    let Ok(g) = graphsink::Graph::open_readonly(tg.root()).await else {
         return BTreeMap::new();
     };
     let head = g.head().await.unwrap();

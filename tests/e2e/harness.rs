@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, RecordBatch, StringArray};
 use futures::TryStreamExt;
-use graphsink::graph::Graph;
+use graphsink::Graph;
 use graphsink::Config;
 use graphsink_testkit::Tansu;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

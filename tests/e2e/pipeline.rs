@@ -569,7 +569,7 @@ async fn many_folds_keep_tables_compacted() {
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));
-    let folds = graphsink::fold::COMPACT_FRAGMENTS + 10;
+    let folds = graphsink::testing::COMPACT_FRAGMENTS + 10;
     for i in 0..folds {
         produce(
             topic,
@@ -601,7 +601,7 @@ async fn many_folds_keep_tables_compacted() {
         let ds = lance::Dataset::open(&g.table_uri(table)).await.unwrap();
         let n = ds.get_fragments().len();
         assert!(
-            n <= graphsink::fold::COMPACT_FRAGMENTS + 1,
+            n <= graphsink::testing::COMPACT_FRAGMENTS + 1,
             "{table} has {n} fragments after {folds} folds"
         );
     }

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use graphsink::graph::{Graph, GraphCommit};
-use graphsink::schema::GraphSchema;
+use graphsink::{Graph, GraphCommit};
+use graphsink::GraphSchema;
 use serde_json::json;
 
 use crate::harness::*;
@@ -155,11 +155,11 @@ async fn local_graph(tg: &TestGraph) -> Graph {
 
 fn child_of(parent: &GraphCommit, actor: &str) -> GraphCommit {
     GraphCommit {
-        id: graphsink::graph::new_commit_id(),
+        id: graphsink::testing::new_commit_id(),
         seq: parent.seq + 1,
         parent: Some(parent.id.clone()),
         actor: actor.into(),
-        created_at: graphsink::types::now_ms(),
+        created_at: graphsink::now_ms(),
         tables: parent.tables.clone(),
         folded: vec![],
         offsets: vec![],
@@ -175,14 +175,13 @@ async fn racing_publishers_one_wins_the_other_retries() {
     let tg = TestGraph::new(&["node = \"Person\""], "");
     let g = local_graph(&tg).await;
     let head = g.head().await.unwrap();
-    let v = g.manifest_version().await.unwrap();
+    let v = graphsink::testing::manifest_version(&g).await.unwrap();
     let a = child_of(&head, "a");
     let b = child_of(&head, "b");
-    g.publish_from_version(v, &a)
+    graphsink::testing::publish_from_version(&g, v, &a)
         .await
         .expect("first publisher wins");
-    let err = g
-        .publish_from_version(v, &b)
+    let err = graphsink::testing::publish_from_version(&g, v, &b)
         .await
         .expect_err("second must lose");
     assert!(
@@ -353,14 +352,14 @@ async fn a_failed_run_leaves_no_fold_loop_running() {
 /// plans the fold of it on the current head.
 async fn stage(
     g: &Graph,
-    pool: &graphsink::shards::ShardPool,
-    decoder: &mut graphsink::decode::RecordDecoder,
+    pool: &graphsink::testing::ShardPool,
+    decoder: &mut graphsink::testing::RecordDecoder,
     topic: &str,
     offset: i64,
     value: serde_json::Value,
-) -> graphsink::fold::FoldPlan {
+) -> graphsink::testing::FoldPlan {
     let bytes = value.to_string();
-    let rec = graphsink::decode::SourceRecord {
+    let rec = graphsink::testing::SourceRecord {
         topic,
         partition: 0,
         offset,
@@ -382,10 +381,10 @@ async fn stage(
         limits.insert(f.shard, f.upto_generation);
         f.fence.wait().await.unwrap();
     }
-    let policies = graphsink::fold::Policies::default();
+    let policies = graphsink::testing::Policies::default();
     let head = g.head().await.unwrap();
-    let spans = graphsink::offsets::WrittenSpans::default();
-    graphsink::fold::plan(g, &policies, &head, &Some(limits), &spans, "test")
+    let spans = graphsink::testing::WrittenSpans::default();
+    graphsink::testing::plan(g, &policies, &head, &Some(limits), &spans, "test")
         .await
         .unwrap()
         .expect("something to fold")
@@ -404,24 +403,24 @@ async fn a_fold_on_a_moved_head_rebases_only_if_its_checks_agree() {
     );
     let cfg = tg.config();
     let g = local_graph(&tg).await;
-    let policies = graphsink::fold::Policies::from_config(&cfg);
-    let pool = graphsink::shards::ShardPool::open(&g, &cfg.wal, &g.wal_tables())
+    let policies = graphsink::testing::Policies::from_config(&cfg);
+    let pool = graphsink::testing::ShardPool::open(&g, &cfg.wal, &g.wal_tables())
         .await
         .unwrap();
     let mut decoder =
-        graphsink::decode::RecordDecoder::new(&g.schema, &cfg.mappings[0], 16, 1 << 20).unwrap();
+        graphsink::testing::RecordDecoder::new(&g.schema, &cfg.mappings[0], 16, 1 << 20).unwrap();
     let topic = tg.topics[0].clone();
     let init = g.head().await.unwrap();
 
     let p1 = stage(&g, &pool, &mut decoder, &topic, 0, json!({"name": "a", "email": "x"})).await;
-    let c1 = graphsink::fold::execute(&g, &policies, &p1).await.unwrap().commit;
+    let c1 = graphsink::testing::execute(&g, &policies, &p1).await.unwrap().commit;
 
     // Another publisher moves the head, pinning the same tables: the checks
     // agree, so the fold rebases onto it.
     let p2 = stage(&g, &pool, &mut decoder, &topic, 1, json!({"name": "c", "email": "y"})).await;
     let other = child_of(&c1, "other");
     g.publish(&other).await.unwrap();
-    let c2 = graphsink::fold::execute(&g, &policies, &p2).await.unwrap().commit;
+    let c2 = graphsink::testing::execute(&g, &policies, &p2).await.unwrap().commit;
     assert_eq!(c2.parent.as_deref(), Some(other.id.as_str()));
     assert_eq!(c2.seq, other.seq + 1);
 
@@ -433,7 +432,7 @@ async fn a_fold_on_a_moved_head_rebases_only_if_its_checks_agree() {
         .tables
         .insert("nodes/Person".into(), init.tables["nodes/Person"]);
     g.publish(&older).await.unwrap();
-    let err = graphsink::fold::execute(&g, &policies, &p3)
+    let err = graphsink::testing::execute(&g, &policies, &p3)
         .await
         .expect_err("the checks disagree on the new head");
     assert!(

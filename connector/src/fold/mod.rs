@@ -42,8 +42,8 @@ use read::ReadSet;
 
 pub use offline::fold_offline;
 pub(crate) use plan::oldest_pending;
-pub use plan::{plan, Cut, FoldPlan, ShardPlan, TablePlan};
-pub use policy::{Policies, TypePolicy};
+pub use plan::{plan, FoldPlan};
+pub use policy::Policies;
 pub(crate) use recover::recover;
 pub(crate) use redeliver::{undelivered, Undelivered};
 pub(crate) use task::{CutRequest, FoldLoop, FreezeCut};

@@ -39,7 +39,7 @@ pub(crate) struct Watermarks {
 
 /// A topic the broker does not know, with its error.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MissingTopic {
+pub struct MissingTopic {
     pub topic: String,
     pub error: String,
 }

@@ -14,14 +14,14 @@ use crate::schema::GraphSchema;
 
 /// What `check` found valid.
 #[derive(Debug, Clone)]
-pub(crate) struct CheckSummary {
+pub struct CheckSummary {
     pub mappings: usize,
     pub types: usize,
     pub root: String,
 }
 
 /// Validates the config and the schema: every mapping must build its decoder.
-pub(crate) fn check(config: &Config) -> Result<CheckSummary> {
+pub fn check(config: &Config) -> Result<CheckSummary> {
     let schema = GraphSchema::load(&config.schema_path())?;
     for m in &config.mappings {
         crate::decode::RecordDecoder::new(&schema, m, 1, config.errors.max_record_bytes)?;
@@ -35,7 +35,7 @@ pub(crate) fn check(config: &Config) -> Result<CheckSummary> {
 
 /// Folds everything durable into one graph commit, offline; `None` when
 /// there was nothing to fold.
-pub(crate) async fn fold_offline(config: &Config) -> Result<Option<GraphCommit>> {
+pub async fn fold_offline(config: &Config) -> Result<Option<GraphCommit>> {
     let schema = GraphSchema::load(&config.schema_path())?;
     let graph = Graph::open_or_init(config, schema).await?;
     let policies = crate::fold::Policies::from_config(config);
@@ -43,14 +43,14 @@ pub(crate) async fn fold_offline(config: &Config) -> Result<Option<GraphCommit>>
 }
 
 /// Graph commits, newest first, at most `limit`.
-pub(crate) async fn commits(config: &Config, limit: usize) -> Result<Vec<GraphCommit>> {
+pub async fn commits(config: &Config, limit: usize) -> Result<Vec<GraphCommit>> {
     let graph = Graph::open_readonly(config.root_uri()).await?;
     Ok(graph.commits().await?.into_iter().take(limit).collect())
 }
 
 /// One table of a snapshot.
 #[derive(Debug, Clone)]
-pub(crate) struct TableRows {
+pub struct TableRows {
     pub table: String,
     pub version: u64,
     pub rows: usize,
@@ -58,14 +58,14 @@ pub(crate) struct TableRows {
 
 /// Row counts per table at one commit.
 #[derive(Debug, Clone)]
-pub(crate) struct Snapshot {
+pub struct Snapshot {
     pub commit: GraphCommit,
     /// In the commit's table order.
     pub tables: Vec<TableRows>,
 }
 
 /// Row counts per table at the head, or at `commit`.
-pub(crate) async fn snapshot(config: &Config, commit: Option<&str>) -> Result<Snapshot> {
+pub async fn snapshot(config: &Config, commit: Option<&str>) -> Result<Snapshot> {
     let graph = Graph::open_readonly(config.root_uri()).await?;
     let commit = match commit {
         Some(id) => graph.commit(id).await?,

@@ -20,7 +20,7 @@ struct LineRecord {
 
 /// Produces every record of `file` to `topic` (created with `partitions`
 /// when missing); returns how many.
-pub(crate) async fn produce_file(
+pub async fn produce_file(
     config: &Config,
     topic: &str,
     file: &Path,

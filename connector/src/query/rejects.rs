@@ -13,7 +13,7 @@ use crate::schema::REJECTS_TABLE;
 
 /// Which rejects to select; every set field must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct RejectFilter {
+pub struct RejectFilter {
     pub stage: Option<Stage>,
     pub type_name: Option<String>,
     /// At or after this time, epoch ms.
@@ -52,7 +52,7 @@ fn sql_timestamp(ms: i64) -> String {
 
 /// The rejects at the head commit that match `filter`, oldest first (by
 /// `rejected_at`, then source coordinates).
-pub(crate) async fn select(config: &Config, filter: &RejectFilter) -> Result<Vec<Reject>> {
+pub async fn select(config: &Config, filter: &RejectFilter) -> Result<Vec<Reject>> {
     let graph = Graph::open_readonly(config.root_uri()).await?;
     let head = graph.head().await?;
     select_at(&graph, &head, filter).await
@@ -101,7 +101,7 @@ async fn scan_rejects(ds: &lance::Dataset, filter: &RejectFilter) -> Result<Vec<
 
 /// What `replay-rejects` would produce.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ReplaySelection {
+pub struct ReplaySelection {
     /// Oldest first.
     pub replay: Vec<Reject>,
     /// Selected but without an original record (fold rejects of deletes).
@@ -110,7 +110,7 @@ pub(crate) struct ReplaySelection {
 
 /// The oldest `limit` (default all) rejects matching `filter`, split into
 /// those with an original record and the rest.
-pub(crate) async fn select_replay(
+pub async fn select_replay(
     config: &Config,
     filter: &RejectFilter,
     limit: Option<usize>,
@@ -130,7 +130,7 @@ pub(crate) async fn select_replay(
 
 /// Re-produces the original records of `rejects` to `topic`; every
 /// delivery is awaited.
-pub(crate) async fn replay(config: &Config, topic: &str, rejects: &[Reject]) -> Result<()> {
+pub async fn replay(config: &Config, topic: &str, rejects: &[Reject]) -> Result<()> {
     if rejects.is_empty() {
         return Ok(());
     }

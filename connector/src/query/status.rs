@@ -12,7 +12,7 @@ use crate::types::now_ms;
 
 /// The graph side of `status`, at the head commit.
 #[derive(Debug, Clone)]
-pub(crate) struct GraphStatus {
+pub struct GraphStatus {
     pub head: GraphCommit,
     /// When the status was taken (epoch ms), for ages.
     pub now: i64,
@@ -22,14 +22,14 @@ pub(crate) struct GraphStatus {
 }
 
 impl GraphStatus {
-    pub(crate) fn pending_total(&self) -> usize {
+    pub fn pending_total(&self) -> usize {
         self.pending.iter().map(|p| p.count).sum()
     }
 }
 
 /// Deferred edges of one edge type.
 #[derive(Debug, Clone)]
-pub(crate) struct PendingStatus {
+pub struct PendingStatus {
     pub edge: String,
     pub table: String,
     pub count: usize,
@@ -39,7 +39,7 @@ pub(crate) struct PendingStatus {
 
 /// One mapped partition as the group sees it.
 #[derive(Debug, Clone)]
-pub(crate) struct PartitionStatus {
+pub struct PartitionStatus {
     pub topic: String,
     pub partition: i32,
     pub committed: Option<i64>,
@@ -50,14 +50,14 @@ pub(crate) struct PartitionStatus {
 impl PartitionStatus {
     /// Records the group has yet to commit; all retained ones before its
     /// first commit (`auto.offset.reset = earliest`).
-    pub(crate) fn lag(&self) -> i64 {
+    pub fn lag(&self) -> i64 {
         (self.end - self.committed.unwrap_or(self.low)).max(0)
     }
 }
 
 /// The Kafka side of `status`.
 #[derive(Debug, Clone)]
-pub(crate) struct KafkaStatus {
+pub struct KafkaStatus {
     pub group: String,
     pub partitions: Vec<PartitionStatus>,
     /// Mapped topics the broker does not know.
@@ -65,13 +65,13 @@ pub(crate) struct KafkaStatus {
 }
 
 impl KafkaStatus {
-    pub(crate) fn total_lag(&self) -> i64 {
+    pub fn total_lag(&self) -> i64 {
         self.partitions.iter().map(PartitionStatus::lag).sum()
     }
 }
 
 /// The head commit, its deferred edges and its reject count.
-pub(crate) async fn graph_status(config: &Config) -> Result<GraphStatus> {
+pub async fn graph_status(config: &Config) -> Result<GraphStatus> {
     let graph = Graph::open_readonly(config.root_uri()).await?;
     let head = graph.head().await?;
     let now = now_ms();
@@ -114,7 +114,7 @@ pub(crate) async fn graph_status(config: &Config) -> Result<GraphStatus> {
 
 /// Committed offsets of the config's group and watermarks of every
 /// partition of the mapped topics.
-pub(crate) async fn kafka_status(config: &Config) -> Result<KafkaStatus> {
+pub async fn kafka_status(config: &Config) -> Result<KafkaStatus> {
     let queries = OffsetQueries::connect(config)?;
     let mut topics: Vec<String> = config.mappings.iter().map(|m| m.topic.clone()).collect();
     topics.sort();

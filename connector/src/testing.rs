@@ -1,0 +1,25 @@
+//! Support for graphsink's own end-to-end tests and benchmark: internals
+//! they drive directly (WAL writes without a consumer, a fold of a chosen
+//! cut, racing publishers). Not part of the stable API: anything here
+//! changes with the internals it exposes.
+
+use crate::error::Result;
+use crate::graph::{Graph, GraphCommit};
+
+pub use crate::decode::{Decoded, RecordDecoder, SourceRecord};
+pub use crate::failpoints::{arm, disarm, Action as FailpointAction};
+pub use crate::fold::{execute, fold_offline, plan, FoldPlan, Folded, Policies, COMPACT_FRAGMENTS};
+pub use crate::graph::new_commit_id;
+pub use crate::offsets::WrittenSpans;
+pub use crate::shards::ShardPool;
+
+/// `Graph::publish` against `__manifest` as of `version`, as a publisher
+/// that read the head there would: races two publishers exactly.
+pub async fn publish_from_version(graph: &Graph, version: u64, commit: &GraphCommit) -> Result<()> {
+    graph.publish_from_version(version, commit).await
+}
+
+/// The current version of `__manifest`.
+pub async fn manifest_version(graph: &Graph) -> Result<u64> {
+    graph.manifest_version().await
+}
