@@ -581,18 +581,32 @@ impl ManifestRows {
     }
 }
 
-async fn read_rows(ds: &Dataset, filter: &str) -> Result<Vec<ManifestRow>> {
+/// Every row of `ds` that passes `filter` (SQL, pushed into the scan),
+/// with only `columns` when given.
+pub(crate) async fn scan(
+    ds: &Dataset,
+    filter: Option<&str>,
+    columns: Option<&[&str]>,
+) -> Result<Vec<RecordBatch>> {
+    let what = || format!("scan {} where {}", ds.uri(), filter.unwrap_or("true"));
     let mut scan = ds.scan();
-    scan.filter(filter).ctx("manifest filter")?;
-    scan.project(&[MANIFEST_PK, "commit_id", "payload"])
-        .ctx("manifest projection")?;
-    let batches: Vec<RecordBatch> = scan
-        .try_into_stream()
+    if let Some(f) = filter {
+        scan.filter(f).ctx(what())?;
+    }
+    if let Some(c) = columns {
+        scan.project(c).ctx(what())?;
+    }
+    scan.try_into_stream()
         .await
-        .ctx("scan __manifest")?
+        .ctx(what())?
         .try_collect()
         .await
-        .ctx("scan __manifest")?;
+        .ctx(what())
+}
+
+async fn read_rows(ds: &Dataset, filter: &str) -> Result<Vec<ManifestRow>> {
+    let columns = [MANIFEST_PK, "commit_id", "payload"];
+    let batches = scan(ds, Some(filter), Some(&columns)).await?;
     let mut out = Vec::new();
     for b in batches {
         let col = |name: &str| -> Result<&StringArray> {

@@ -3,10 +3,8 @@
 //! Finding them is the fold's (it knows which commits rejected what);
 //! producing them is `rejects`'.
 
-use arrow::array::RecordBatch;
-use futures::TryStreamExt;
 
-use crate::error::{Context, Result};
+use crate::error::Result;
 use crate::graph::{Graph, GraphCommit};
 use crate::rejects::{self, Reject};
 use crate::schema::REJECTS_TABLE;
@@ -45,19 +43,11 @@ pub(crate) async fn undelivered(graph: &Graph) -> Result<Undelivered> {
         .open_table(REJECTS_TABLE, head.tables.get(REJECTS_TABLE).copied())
         .await?;
     let ids: Vec<String> = commits.iter().map(|c| format!("'{}'", c.id)).collect();
-    let mut scan = ds.scan();
-    scan.filter(&format!(
+    let filter = format!(
         "stage = 'fold' AND graph_commit IN ({})",
         ids.join(", ")
-    ))
-    .ctx("undelivered rejects")?;
-    let batches: Vec<RecordBatch> = scan
-        .try_into_stream()
-        .await
-        .ctx("undelivered rejects")?
-        .try_collect()
-        .await
-        .ctx("undelivered rejects")?;
+    );
+    let batches = crate::graph::scan(&ds, Some(&filter), None).await?;
     let mut out = Vec::new();
     for b in &batches {
         out.extend(rejects::from_batch(b)?);

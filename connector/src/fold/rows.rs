@@ -7,7 +7,6 @@ use std::collections::HashSet;
 use arrow::array::{Array, BooleanArray, RecordBatch, StringArray, TimestampMillisecondArray};
 use arrow::compute::{concat_batches, filter_record_batch};
 use arrow_schema::SchemaRef;
-use futures::TryStreamExt;
 use lance::Dataset;
 
 use crate::error::{Context, Error, Result};
@@ -95,16 +94,7 @@ pub(crate) fn drop_rows(
 
 /// Every row of `ds` (at its checked-out version), optionally projected.
 pub(crate) async fn read_all(ds: &Dataset, cols: Option<&[&str]>) -> Result<Vec<RecordBatch>> {
-    let mut scan = ds.scan();
-    if let Some(c) = cols {
-        scan.project(c).ctx(ds.uri())?;
-    }
-    scan.try_into_stream()
-        .await
-        .ctx(ds.uri())?
-        .try_collect()
-        .await
-        .ctx(ds.uri())
+    crate::graph::scan(ds, None, cols).await
 }
 
 /// The non-empty batches as one, or `None`.

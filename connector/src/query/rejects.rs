@@ -2,11 +2,9 @@
 //! the filters pushed into the Lance scan, and replaying their original
 //! records. It knows the table's columns through `rejects`, not by hand.
 
-use arrow::array::RecordBatch;
-use futures::TryStreamExt;
 
 use crate::config::Config;
-use crate::error::{Context, Result};
+use crate::error::Result;
 use crate::graph::{Graph, GraphCommit};
 use crate::rejects::{self, Reject, Stage};
 use crate::schema::REJECTS_TABLE;
@@ -71,18 +69,8 @@ async fn select_at(
 }
 
 async fn scan_rejects(ds: &lance::Dataset, filter: &RejectFilter) -> Result<Vec<Reject>> {
-    let mut scan = ds.scan();
-    if let Some(sql) = filter.to_sql() {
-        scan.filter(&sql)
-            .ctx(format!("{REJECTS_TABLE} filter {sql}"))?;
-    }
-    let batches: Vec<RecordBatch> = scan
-        .try_into_stream()
-        .await
-        .ctx(REJECTS_TABLE)?
-        .try_collect()
-        .await
-        .ctx(REJECTS_TABLE)?;
+    let sql = filter.to_sql();
+    let batches = crate::graph::scan(ds, sql.as_deref(), None).await?;
     let mut out = Vec::new();
     for b in &batches {
         out.extend(rejects::from_batch(b)?);
