@@ -13,7 +13,7 @@ use rdkafka::message::Headers;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::schema::{rejects_schema, REJECTS_TABLE, REJECT_ID};
+use crate::schema::{rejects_schema, Source, REJECTS_TABLE, REJECT_ID};
 use crate::types::now_ms;
 
 const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6772_6170_6873_696e_6b00_0000_0000_0002);
@@ -162,6 +162,22 @@ pub struct Reject {
     pub rejected_at: i64,
 }
 
+/// What a fold refused, for `Reject::of_fold`.
+#[derive(Debug, Clone)]
+pub struct FoldRefusal<'a> {
+    pub commit_id: &'a str,
+    /// The refused row within the fold (table, upsert or delete, row id).
+    pub what: &'a str,
+    pub type_name: &'a str,
+    pub code: RejectCode,
+    pub message: String,
+    /// The row as JSON, when there is one.
+    pub row: Option<String>,
+    /// Where the row came from (upserts; MemWAL tombstones carry none).
+    pub source: Option<Source>,
+    pub created_at: i64,
+}
+
 /// The source coordinates and bytes of a record, owned.
 #[derive(Debug, Clone, Default)]
 pub struct Origin {
@@ -220,30 +236,21 @@ impl Reject {
         }
     }
 
-    /// A fold reject. `what` identifies the refused row within the fold
-    /// (e.g. the table and row id); with the fold's commit id it makes the
-    /// reject id, so a rolled-forward fold rejects under the same ids.
-    #[allow(clippy::too_many_arguments)]
-    pub fn of_fold(
-        commit_id: &str,
-        what: &str,
-        type_name: &str,
-        code: RejectCode,
-        message: impl Into<String>,
-        row: Option<String>,
-        source: Option<(String, i32, i64, Option<i64>)>,
-        created_at: i64,
-    ) -> Reject {
-        let (topic, partition, offset, timestamp) = match source {
-            Some((t, p, o, ts)) => (Some(t), Some(p), Some(o), ts),
+    /// A fold reject. Its id is a function of the fold's commit, what was
+    /// refused and the code, so a rolled-forward fold rejects under the
+    /// same ids.
+    pub fn of_fold(f: FoldRefusal<'_>) -> Reject {
+        let code = f.code;
+        let (topic, partition, offset, timestamp) = match f.source {
+            Some(s) => (Some(s.topic), Some(s.partition), Some(s.offset), s.timestamp),
             None => (None, None, None, None),
         };
         Reject {
-            reject_id: reject_id(&format!("fold:{commit_id}:{what}:{}", code.as_str())),
+            reject_id: reject_id(&format!("fold:{}:{}:{}", f.commit_id, f.what, code.as_str())),
             stage: Stage::Fold,
             code,
-            message: message.into(),
-            type_name: Some(type_name.to_string()),
+            message: f.message,
+            type_name: Some(f.type_name.to_string()),
             topic,
             partition,
             offset,
@@ -251,9 +258,9 @@ impl Reject {
             key: None,
             value: None,
             headers: vec![],
-            row,
-            graph_commit: Some(commit_id.to_string()),
-            rejected_at: created_at,
+            row: f.row,
+            graph_commit: Some(f.commit_id.to_string()),
+            rejected_at: f.created_at,
         }
     }
 }

@@ -110,7 +110,7 @@ fn dead_letter_headers(h: OwnedHeaders, r: &Reject, connector: &str) -> OwnedHea
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rejects::{Origin, RejectCode};
+    use crate::rejects::{FoldRefusal, Origin, RejectCode};
     use rdkafka::message::Headers;
 
     fn sync_reject() -> Reject {
@@ -178,16 +178,16 @@ mod tests {
 
     #[test]
     fn a_fold_reject_carries_its_row_as_the_value() {
-        let r = Reject::of_fold(
-            "c1",
-            "edges/Knows:e1",
-            "Knows",
-            RejectCode::EndpointNotFound,
-            "no such node",
-            Some(r#"{"id":"e1"}"#.into()),
-            None,
-            9,
-        );
+        let r = Reject::of_fold(FoldRefusal {
+            commit_id: "c1",
+            what: "edges/Knows:e1",
+            type_name: "Knows",
+            code: RejectCode::EndpointNotFound,
+            message: "no such node".into(),
+            row: Some(r#"{"id":"e1"}"#.into()),
+            source: None,
+            created_at: 9,
+        });
         let rec = reject_record(&r, "dlq", &Purpose::DeadLetter { connector: "gs" });
         assert_eq!(rec.payload, Some(&br#"{"id":"e1"}"#[..]));
         assert_eq!(rec.key, None);

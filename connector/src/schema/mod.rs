@@ -6,7 +6,7 @@ mod provenance;
 mod tables;
 mod values;
 
-pub use provenance::Provenance;
+pub use provenance::{Provenance, Source};
 pub use tables::*;
 pub use values::{canonical_ids, row_json};
 

@@ -25,7 +25,7 @@ use super::policy::Policies;
 use super::read::ReadSet;
 use super::rows::{str_at, RowRef};
 use crate::error::Result;
-use crate::rejects::{Reject, RejectCode};
+use crate::rejects::{FoldRefusal, Reject, RejectCode};
 use crate::schema::{pending_table, row_json, GraphSchema, GraphType, Provenance, ID};
 
 pub(crate) use view::{read_view, BaseView};
@@ -121,23 +121,21 @@ impl Rejection {
         let id = self.id()?;
         let (what, row, source) = match &self.refused {
             Refused::Upsert(r) => {
-                let source = Provenance::of(&r.rows)?
-                    .source(r.index)
-                    .map(|s| (s.topic, s.partition, s.offset, s.timestamp));
+                let source = Provenance::of(&r.rows)?.source(r.index);
                 ("upsert", row_json(&r.rows, r.index), source)
             }
             Refused::Delete { row, .. } => ("delete", Some(row.to_string()), None),
         };
-        Ok(Reject::of_fold(
+        Ok(Reject::of_fold(FoldRefusal {
             commit_id,
-            &format!("{}:{what}:{id}", self.table),
-            &self.type_name,
-            self.code,
-            self.message.clone(),
+            what: &format!("{}:{what}:{id}", self.table),
+            type_name: &self.type_name,
+            code: self.code,
+            message: self.message.clone(),
             row,
             source,
             created_at,
-        ))
+        }))
     }
 }
 
