@@ -54,9 +54,9 @@ pub async fn run(
     let graph = Graph::open_or_init(&cfg, schema).await?;
     let policies = graphsink::testing::Policies::from_config(&cfg);
     let mut decoder =
-        RecordDecoder::new(&graph.schema, &cfg.mappings[0], rows.max(filler), 1 << 20)?;
+        RecordDecoder::new(graph.schema(), &cfg.mappings[0], rows.max(filler), 1 << 20)?;
     let pool = ShardPool::open(&graph, &cfg.wal, &graph.wal_tables()).await?;
-    let table = graph.schema.types[0].table.clone();
+    let table = graph.schema().types[0].table.clone();
     let shape = Shape::nodes_only((rows as u64 * 4).max(1), 100);
     let mut offset = 0i64;
     let mut out = Vec::new();

@@ -85,9 +85,9 @@ struct SchemaRecord {
 #[derive(Clone)]
 pub struct Graph {
     root: String,
-    pub schema: Arc<GraphSchema>,
+    pub(crate) schema: Arc<GraphSchema>,
     /// Buckets N per MemWAL table path (graph types and `_ingest_rejects`).
-    pub buckets: BTreeMap<String, u32>,
+    pub(crate) buckets: BTreeMap<String, u32>,
 }
 
 impl Graph {
@@ -125,6 +125,11 @@ impl Graph {
             }
         })?;
         Ok(graph)
+    }
+
+    /// The schema the graph was opened with (empty for `open_readonly`).
+    pub fn schema(&self) -> &GraphSchema {
+        &self.schema
     }
 
     pub fn root(&self) -> &str {
@@ -337,7 +342,7 @@ impl Graph {
     }
 
     /// Records the delivery mark (not a graph commit: readers never see it).
-    pub async fn set_dead_letters_delivered(&self, seq: u64) -> Result<()> {
+    pub(crate) async fn set_dead_letters_delivered(&self, seq: u64) -> Result<()> {
         let ds = self.open_manifest().await?;
         let mut rows = ManifestRows::default();
         rows.push(ManifestRow {
@@ -379,7 +384,7 @@ impl Graph {
     /// Publishes `commit` as the new head if the head is still its parent.
     /// Lance's merge-insert runs with no conflict retries, so a publisher
     /// racing on the head row loses with a conflict instead of overwriting.
-    pub async fn publish(&self, commit: &GraphCommit) -> Result<()> {
+    pub(crate) async fn publish(&self, commit: &GraphCommit) -> Result<()> {
         let ds = self.open_manifest().await?;
         self.publish_on(ds, commit).await
     }
@@ -396,7 +401,7 @@ impl Graph {
     /// `over`. Only the fold loop calls it, right after its own publish, so
     /// it never races a publisher of this process; another publisher that
     /// loses to it rebases like any lost race.
-    pub async fn compact_manifest(&self, over: usize) -> Result<()> {
+    pub(crate) async fn compact_manifest(&self, over: usize) -> Result<()> {
         let mut ds = self.open_manifest().await?;
         if ds.get_fragments().len() <= over {
             return Ok(());

@@ -13,7 +13,13 @@ pub use crate::graph::new_commit_id;
 pub use crate::offsets::WrittenSpans;
 pub use crate::shards::ShardPool;
 
-/// `Graph::publish` against `__manifest` as of `version`, as a publisher
+/// Publishes `commit` as the new head if the head is still its parent (the
+/// compare-and-swap a fold's publish makes).
+pub async fn publish(graph: &Graph, commit: &GraphCommit) -> Result<()> {
+    graph.publish(commit).await
+}
+
+/// `publish` against `__manifest` as of `version`, as a publisher
 /// that read the head there would: races two publishers exactly.
 pub async fn publish_from_version(graph: &Graph, version: u64, commit: &GraphCommit) -> Result<()> {
     graph.publish_from_version(version, commit).await

@@ -200,7 +200,7 @@ async fn racing_publishers_one_wins_the_other_retries() {
         id: b.id.clone(),
         ..child_of(&new_head, "b")
     };
-    g.publish(&b2).await.expect("rebased publish");
+    graphsink::testing::publish(&g, &b2).await.expect("rebased publish");
     let log = g.commits().await.unwrap();
     let chain: Vec<_> = log.iter().map(|c| (c.seq, c.actor.as_str())).collect();
     assert_eq!(chain, vec![(2, "b"), (1, "a"), (0, "graphsink init")]);
@@ -209,7 +209,10 @@ async fn racing_publishers_one_wins_the_other_retries() {
     // Two truly concurrent publishers: exactly one wins.
     let head = g.head().await.unwrap();
     let (x, y) = (child_of(&head, "x"), child_of(&head, "y"));
-    let (rx, ry) = tokio::join!(g.publish(&x), g.publish(&y));
+    let (rx, ry) = tokio::join!(
+        graphsink::testing::publish(&g, &x),
+        graphsink::testing::publish(&g, &y)
+    );
     assert!(rx.is_ok() != ry.is_ok(), "exactly one wins: {rx:?} {ry:?}");
 }
 
@@ -408,7 +411,7 @@ async fn a_fold_on_a_moved_head_rebases_only_if_its_checks_agree() {
         .await
         .unwrap();
     let mut decoder =
-        graphsink::testing::RecordDecoder::new(&g.schema, &cfg.mappings[0], 16, 1 << 20).unwrap();
+        graphsink::testing::RecordDecoder::new(g.schema(), &cfg.mappings[0], 16, 1 << 20).unwrap();
     let topic = tg.topics[0].clone();
     let init = g.head().await.unwrap();
 
@@ -419,7 +422,7 @@ async fn a_fold_on_a_moved_head_rebases_only_if_its_checks_agree() {
     // agree, so the fold rebases onto it.
     let p2 = stage(&g, &pool, &mut decoder, &topic, 1, json!({"name": "c", "email": "y"})).await;
     let other = child_of(&c1, "other");
-    g.publish(&other).await.unwrap();
+    graphsink::testing::publish(&g, &other).await.unwrap();
     let c2 = graphsink::testing::execute(&g, &policies, &p2).await.unwrap().commit;
     assert_eq!(c2.parent.as_deref(), Some(other.id.as_str()));
     assert_eq!(c2.seq, other.seq + 1);
@@ -431,7 +434,7 @@ async fn a_fold_on_a_moved_head_rebases_only_if_its_checks_agree() {
     older
         .tables
         .insert("nodes/Person".into(), init.tables["nodes/Person"]);
-    g.publish(&older).await.unwrap();
+    graphsink::testing::publish(&g, &older).await.unwrap();
     let err = graphsink::testing::execute(&g, &policies, &p3)
         .await
         .expect_err("the checks disagree on the new head");
