@@ -54,38 +54,61 @@ fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             continue; // the crate root re-exports; the binary calls cli
         }
         let text = std::fs::read_to_string(&p).expect("read source");
+        // One line of code per file, comments dropped, so a `use` group
+        // spread over lines reads as one.
+        let code: String = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join(" ");
         let deps = out.entry(module.clone()).or_default();
-        for line in text.lines() {
-            let code = line.split("//").next().unwrap_or("");
-            for (i, _) in code.match_indices("crate::") {
-                let rest = &code[i + "crate::".len()..];
-                let names: Vec<&str> = match rest.strip_prefix('{') {
-                    Some(group) => group
-                        .split('}')
-                        .next()
-                        .unwrap_or("")
-                        .split(',')
-                        .map(|n| n.trim().split("::").next().unwrap_or("").trim())
-                        .collect(),
-                    None => vec![rest
-                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-                        .next()
-                        .unwrap_or("")],
+        for (i, _) in code.match_indices("crate::") {
+            for n in first_segments(&code[i + "crate::".len()..]) {
+                // `crate::Error` etc. are the root's re-exports of `error`.
+                let n = match n.as_str() {
+                    "Error" | "ErrorKind" | "Result" => "error".to_string(),
+                    "Config" => "config".to_string(),
+                    _ => n,
                 };
-                for n in names {
-                    // `crate::Error` etc. are the root's re-exports of `error`.
-                    let n = match n {
-                        "Error" | "ErrorKind" | "Result" => "error",
-                        "Config" => "config",
-                        n => n,
-                    };
-                    if !n.is_empty() && n != module {
-                        deps.insert(n.to_string());
-                    }
+                if !n.is_empty() && n != module {
+                    deps.insert(n);
                 }
             }
         }
     }
+    out
+}
+
+/// The first path segment of what follows `crate::`: one name, or each
+/// top-level item of a `{...}` group (nested groups included).
+fn first_segments(rest: &str) -> Vec<String> {
+    let name = |t: &str| {
+        t.trim()
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    let Some(group) = rest.strip_prefix('{') else {
+        return vec![name(rest)];
+    };
+    let (mut depth, mut start, mut out) = (0usize, 0usize, Vec::new());
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                out.push(name(&group[start..i]));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(name(&group[start..i]));
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.retain(|n| !n.is_empty());
     out
 }
 
@@ -157,7 +180,7 @@ fn the_checker_sees_an_upward_import_and_a_circle() {
     .unwrap();
     std::fs::write(
         dir.path().join("fold/mod.rs"),
-        "use crate::{graph::Graph, schema};\n// crate::cli in a comment is no import\n",
+        "use crate::{\n    graph::{Graph, GraphCommit},\n    schema,\n};\n// crate::cli in a comment is no import\n",
     )
     .unwrap();
     let g = imports(dir.path());

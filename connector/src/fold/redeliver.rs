@@ -1,8 +1,7 @@
 //! Dead-letter re-delivery: the fold rejects of published commits that a
 //! crash between a publish and its dead-letter produce left undelivered.
 //! Finding them is the fold's (it knows which commits rejected what);
-//! producing them is `rejects`'.
-
+//! producing them is `kafka::DeadLetters`'.
 
 use crate::error::Result;
 use crate::graph::{Graph, GraphCommit};

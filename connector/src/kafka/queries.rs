@@ -155,7 +155,7 @@ impl OffsetQueries {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || f(&inner))
             .await
-            .map_err(|e| Error::Other(format!("kafka query: {e}")))?
+            .map_err(|e| Error::joined("kafka query", e))?
     }
 }
 

@@ -2,7 +2,6 @@
 //! the filters pushed into the Lance scan, and replaying their original
 //! records. It knows the table's columns through `rejects`, not by hand.
 
-
 use crate::config::Config;
 use crate::error::Result;
 use crate::graph::{Graph, GraphCommit};
