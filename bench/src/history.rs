@@ -62,64 +62,18 @@ pub async fn run(
     let mut out = Vec::new();
     for seq in 1..=upto {
         let n = if probes.contains(&seq) { rows } else { filler };
-        let values: Vec<String> = (0..n)
-            .map(|i| workload::node_record(shape, 7, offset as u64 + i as u64).1)
-            .collect();
-        let recs: Vec<SourceRecord> = values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| SourceRecord {
-                topic: "items",
-                partition: 0,
-                offset: offset + i as i64,
-                timestamp: None,
-                key: None,
-                value: Some(v.as_bytes()),
-                headers: None,
-            })
-            .collect();
+        write_records(&mut decoder, &pool, &table, shape, offset, n).await?;
         offset += n as i64;
-        let decoded = decoder.decode(&recs)?;
-        let mut writes = Vec::new();
-        if let Some(u) = decoded.upserts {
-            writes.extend(pool.tables[&table].put(u).await?);
-        }
-        for w in writes {
-            w.wait().await?;
-        }
-        // The fold loop's cut, then its plan → execute → publish.
-        let start = Instant::now();
-        let mut limits = HashMap::new();
-        for f in pool.freeze_all().await? {
-            limits.insert(f.shard, f.upto_generation);
-            f.fence.wait().await?;
-        }
-        let t_head = Instant::now();
-        let head = graph.head().await?;
-        let head_secs = t_head.elapsed().as_secs_f64();
-        let t_plan = Instant::now();
-        let plan = graphsink::testing::plan(
-            &graph,
-            &policies,
-            &head,
-            &Some(limits),
-            &WrittenSpans::default(),
-            "bench",
-        )
-        .await?
-        .ok_or("nothing to fold")?;
-        let plan_secs = t_plan.elapsed().as_secs_f64();
-        let commit = graphsink::testing::execute(&graph, &policies, &plan).await?.commit;
-        let fold_secs = start.elapsed().as_secs_f64();
+        let fold = timed_fold(&graph, &policies, &pool).await?;
         if probes.contains(&seq) {
             let manifest = graph.open_table("__manifest", None).await?;
             let data = graph.open_table(&table, None).await?;
             let p = Probe {
-                commit: commit.seq,
+                commit: fold.commit.seq,
                 rows: n,
-                fold_secs,
-                head_secs,
-                plan_secs,
+                fold_secs: fold.fold_secs,
+                head_secs: fold.head_secs,
+                plan_secs: fold.plan_secs,
                 manifest_fragments: manifest.get_fragments().len(),
                 table_fragments: data.get_fragments().len(),
             };
@@ -129,4 +83,86 @@ pub async fn run(
     }
     pool.close().await?;
     Ok(out)
+}
+
+/// Decodes `n` node records from `offset` on and waits until their WAL
+/// writes are durable.
+async fn write_records(
+    decoder: &mut RecordDecoder,
+    pool: &ShardPool,
+    table: &str,
+    shape: Shape,
+    offset: i64,
+    n: usize,
+) -> Result<(), BoxError> {
+    let values: Vec<String> = (0..n)
+        .map(|i| workload::node_record(shape, 7, offset as u64 + i as u64).1)
+        .collect();
+    let recs: Vec<SourceRecord> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| SourceRecord {
+            topic: "items",
+            partition: 0,
+            offset: offset + i as i64,
+            timestamp: None,
+            key: None,
+            value: Some(v.as_bytes()),
+            headers: None,
+        })
+        .collect();
+    let decoded = decoder.decode(&recs)?;
+    let mut writes = Vec::new();
+    if let Some(u) = decoded.upserts {
+        writes.extend(pool.tables[table].put(u).await?);
+    }
+    for w in writes {
+        w.wait().await?;
+    }
+    Ok(())
+}
+
+/// One fold as the fold loop makes it (cut, plan, execute, publish), timed.
+struct TimedFold {
+    commit: graphsink::GraphCommit,
+    fold_secs: f64,
+    head_secs: f64,
+    plan_secs: f64,
+}
+
+async fn timed_fold(
+    graph: &Graph,
+    policies: &graphsink::testing::Policies,
+    pool: &ShardPool,
+) -> Result<TimedFold, BoxError> {
+    let start = Instant::now();
+    let mut limits = HashMap::new();
+    for f in pool.freeze_all().await? {
+        limits.insert(f.shard, f.upto_generation);
+        f.fence.wait().await?;
+    }
+    let t_head = Instant::now();
+    let head = graph.head().await?;
+    let head_secs = t_head.elapsed().as_secs_f64();
+    let t_plan = Instant::now();
+    let plan = graphsink::testing::plan(
+        graph,
+        policies,
+        &head,
+        &Some(limits),
+        &WrittenSpans::default(),
+        "bench",
+    )
+    .await?
+    .ok_or("nothing to fold")?;
+    let plan_secs = t_plan.elapsed().as_secs_f64();
+    let commit = graphsink::testing::execute(graph, policies, &plan)
+        .await?
+        .commit;
+    Ok(TimedFold {
+        commit,
+        fold_secs: start.elapsed().as_secs_f64(),
+        head_secs,
+        plan_secs,
+    })
 }
