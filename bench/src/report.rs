@@ -144,6 +144,11 @@ impl Report {
             self.graphsink_nofold_peak_rss_mib,
         );
         println!("{:-<78}", "");
+        self.print_ratios_and_latency();
+    }
+
+    /// The part below the throughput table: ratios, latency, fold, counts.
+    fn print_ratios_and_latency(&self) {
         println!("ratio graphsink/bare    {:.3}", self.ratio_graphsink_bare);
         println!("ratio graphsink/direct  {:.3}", self.ratio_graphsink_direct);
         println!("durable-ack latency     {}", lat(&self.durable_ack_latency));
