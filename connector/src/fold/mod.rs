@@ -76,11 +76,12 @@ pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Res
             return Err(r.intolerable());
         }
     }
-    let decision = checked.decision()?;
-    let changes = write::with_rejects(checked.changes, plan, &read, &rejects)?;
+    // Kept (batches are shared, not copied) for a re-check on a moved head;
+    // its id sets are built only then, not on every fold.
+    let changes = write::with_rejects(checked.changes.clone(), plan, &read, &rejects)?;
     let outcomes = write::write_all(graph, plan, changes).await?;
     failpoints::hit(failpoints::FOLD_BEFORE_PUBLISH)?;
-    let commit = publish_checked(graph, policies, plan, &read, &decision, &outcomes).await?;
+    let commit = publish_checked(graph, policies, plan, &read, &checked, &outcomes).await?;
     Ok(Folded { commit, rejects })
 }
 
@@ -114,17 +115,24 @@ async fn publish_checked(
     policies: &Policies,
     plan: &FoldPlan,
     read: &ReadSet,
-    decision: &Decision,
+    checked: &Checked,
     outcomes: &write::Outcomes,
 ) -> Result<GraphCommit> {
     let mut checked_on = plan.parent.clone();
+    let mut decision: Option<Decision> = None;
     for _ in 0..MOVES {
         let head = match publish::publish(graph, plan, outcomes, &checked_on).await? {
             Published::Done(commit) => return Ok(commit),
             Published::Moved(head) => head,
         };
         let again = check_on(graph, policies, plan, read, &head.tables).await?;
-        rebase(&checked_on, &head, decision, &again.decision()?)?;
+        let before = match decision.take() {
+            Some(d) => d,
+            None => checked.decision()?,
+        };
+        let after = again.decision()?;
+        rebase(&checked_on, &head, &before, &after)?;
+        decision = Some(after);
         tracing::warn!(expected = %checked_on, found = %head.id, "head moved before publish; the checks agree on the new head, rebasing");
         checked_on = head.id;
     }

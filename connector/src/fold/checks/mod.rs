@@ -31,7 +31,7 @@ use crate::schema::{pending_table, row_json, GraphSchema, GraphType, Provenance,
 pub(crate) use view::{read_view, BaseView};
 
 /// The rows one fold changes in one table, after the checks.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Change {
     pub upserts: Option<RecordBatch>,
     pub deletes: Vec<String>,
@@ -140,7 +140,7 @@ impl Rejection {
 }
 
 /// What the checks decided for one fold.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Checked {
     /// Per table (node, edge and `_pending/*` tables).
     pub changes: BTreeMap<String, Change>,
