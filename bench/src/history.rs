@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
+use graphsink::testing::ShardPool;
+use graphsink::testing::WrittenSpans;
 use graphsink::testing::{RecordDecoder, SourceRecord};
 use graphsink::Graph;
-use graphsink::testing::WrittenSpans;
-use graphsink::testing::ShardPool;
 use serde::Serialize;
 
 use crate::broker::BoxError;

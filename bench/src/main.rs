@@ -411,8 +411,15 @@ impl Run {
             sink::FOLD_OFF,
         )?;
         let nf_path = dir.join(format!("{}.toml", self.group("nofold")));
-        let fold =
-            sink::fold_cost(&self.t, nf_cfg, &nf_path, ends, self.every, a.fold_in_process).await?;
+        let fold = sink::fold_cost(
+            &self.t,
+            nf_cfg,
+            &nf_path,
+            ends,
+            self.every,
+            a.fold_in_process,
+        )
+        .await?;
         r.counted("graphsink (folding off)", fold.rows, a.records);
         r.graphsink_nofold_records_per_s = fold.ingest_rate;
         r.fold_rows = fold.rows;

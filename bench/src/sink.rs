@@ -236,11 +236,9 @@ pub async fn fold_cost(
 /// config names.
 pub async fn fold_child(config_path: &Path) -> Result<FoldCost, BoxError> {
     let cfg = Config::load(config_path)?;
-    let graph = graphsink::Graph::open_or_init(
-        &cfg,
-        graphsink::GraphSchema::load(&cfg.schema_path())?,
-    )
-    .await?;
+    let graph =
+        graphsink::Graph::open_or_init(&cfg, graphsink::GraphSchema::load(&cfg.schema_path())?)
+            .await?;
     let start_rss_mib = measure::rss_mib();
     measure::reset_peak_rss();
     let start = Instant::now();
@@ -249,7 +247,8 @@ pub async fn fold_child(config_path: &Path) -> Result<FoldCost, BoxError> {
         &graphsink::testing::Policies::from_config(&cfg),
         &cfg.wal,
         "graphsink-bench",
-    ).await?;
+    )
+    .await?;
     let secs = start.elapsed().as_secs_f64();
     Ok(FoldCost {
         secs,

@@ -735,6 +735,9 @@ node = "Person"
         let e = Config::from_toml(&two("buckets = 8", ""), Path::new("/")).unwrap_err();
         assert!(e.to_string().contains("different buckets (8 and 4)"), "{e}");
         let e = Config::from_toml(&two("", "buckets = 2"), Path::new("/")).unwrap_err();
-        assert!(e.to_string().contains("feed Person with different buckets"), "{e}");
+        assert!(
+            e.to_string().contains("feed Person with different buckets"),
+            "{e}"
+        );
     }
 }

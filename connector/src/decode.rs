@@ -294,7 +294,8 @@ impl RecordDecoder {
                         Some(better) if generic => better,
                         _ => (code, m),
                     };
-                    out.rejects.push((range.start, self.reject(r, code, m, None)));
+                    out.rejects
+                        .push((range.start, self.reject(r, code, m, None)));
                 }
             }
         }

@@ -157,6 +157,9 @@ mod tests {
         let e = Error::joined("fold loop", joined);
         assert_eq!(e.kind(), ErrorKind::Bug);
         assert_eq!(e.to_string(), "fold loop panicked: boom");
-        assert_eq!(Error::NotFound("graph commit x".into()).kind(), ErrorKind::NotFound);
+        assert_eq!(
+            Error::NotFound("graph commit x".into()).kind(),
+            ErrorKind::NotFound
+        );
     }
 }

@@ -24,8 +24,8 @@ use crate::schema::{
     manifest_schema, same_columns, GraphSchema, TableLayout, MANIFEST_PK, MANIFEST_TABLE,
     REJECTS_TABLE,
 };
-pub use crate::types::OffsetRange;
 use crate::types::now_ms;
+pub use crate::types::OffsetRange;
 
 const HEAD_ID: &str = "graph_head:main";
 const SCHEMA_ID: &str = "graph_schema";
@@ -392,7 +392,11 @@ impl Graph {
     /// `publish` against `__manifest` as of `version`, as a publisher that
     /// read the head there would. Lets tests race two publishers exactly
     /// (`testing::publish_from_version`).
-    pub(crate) async fn publish_from_version(&self, version: u64, commit: &GraphCommit) -> Result<()> {
+    pub(crate) async fn publish_from_version(
+        &self,
+        version: u64,
+        commit: &GraphCommit,
+    ) -> Result<()> {
         let ds = self.open_table(MANIFEST_TABLE, Some(version)).await?;
         self.publish_on(ds, commit).await
     }

@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-pub use crate::types::TopicPartition;
 use crate::types::OffsetRange;
+pub use crate::types::TopicPartition;
 
 /// The highest offset of each partition a poll carried. A poll's ack is
 /// produced only when every write of that poll is durable.

@@ -242,11 +242,21 @@ impl Reject {
     pub fn of_fold(f: FoldRefusal<'_>) -> Reject {
         let code = f.code;
         let (topic, partition, offset, timestamp) = match f.source {
-            Some(s) => (Some(s.topic), Some(s.partition), Some(s.offset), s.timestamp),
+            Some(s) => (
+                Some(s.topic),
+                Some(s.partition),
+                Some(s.offset),
+                s.timestamp,
+            ),
             None => (None, None, None, None),
         };
         Reject {
-            reject_id: reject_id(&format!("fold:{}:{}:{}", f.commit_id, f.what, code.as_str())),
+            reject_id: reject_id(&format!(
+                "fold:{}:{}:{}",
+                f.commit_id,
+                f.what,
+                code.as_str()
+            )),
             stage: Stage::Fold,
             code,
             message: f.message,

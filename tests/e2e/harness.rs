@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, RecordBatch, StringArray};
 use futures::TryStreamExt;
-use graphsink::Graph;
 use graphsink::Config;
+use graphsink::Graph;
 use graphsink_testkit::Tansu;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;

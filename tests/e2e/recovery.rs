@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use graphsink::{Graph, GraphCommit};
 use graphsink::GraphSchema;
+use graphsink::{Graph, GraphCommit};
 use serde_json::json;
 
 use crate::harness::*;
@@ -200,7 +200,9 @@ async fn racing_publishers_one_wins_the_other_retries() {
         id: b.id.clone(),
         ..child_of(&new_head, "b")
     };
-    graphsink::testing::publish(&g, &b2).await.expect("rebased publish");
+    graphsink::testing::publish(&g, &b2)
+        .await
+        .expect("rebased publish");
     let log = g.commits().await.unwrap();
     let chain: Vec<_> = log.iter().map(|c| (c.seq, c.actor.as_str())).collect();
     assert_eq!(chain, vec![(2, "b"), (1, "a"), (0, "graphsink init")]);
@@ -415,21 +417,51 @@ async fn a_fold_on_a_moved_head_rebases_only_if_its_checks_agree() {
     let topic = tg.topics[0].clone();
     let init = g.head().await.unwrap();
 
-    let p1 = stage(&g, &pool, &mut decoder, &topic, 0, json!({"name": "a", "email": "x"})).await;
-    let c1 = graphsink::testing::execute(&g, &policies, &p1).await.unwrap().commit;
+    let p1 = stage(
+        &g,
+        &pool,
+        &mut decoder,
+        &topic,
+        0,
+        json!({"name": "a", "email": "x"}),
+    )
+    .await;
+    let c1 = graphsink::testing::execute(&g, &policies, &p1)
+        .await
+        .unwrap()
+        .commit;
 
     // Another publisher moves the head, pinning the same tables: the checks
     // agree, so the fold rebases onto it.
-    let p2 = stage(&g, &pool, &mut decoder, &topic, 1, json!({"name": "c", "email": "y"})).await;
+    let p2 = stage(
+        &g,
+        &pool,
+        &mut decoder,
+        &topic,
+        1,
+        json!({"name": "c", "email": "y"}),
+    )
+    .await;
     let other = child_of(&c1, "other");
     graphsink::testing::publish(&g, &other).await.unwrap();
-    let c2 = graphsink::testing::execute(&g, &policies, &p2).await.unwrap().commit;
+    let c2 = graphsink::testing::execute(&g, &policies, &p2)
+        .await
+        .unwrap()
+        .commit;
     assert_eq!(c2.parent.as_deref(), Some(other.id.as_str()));
     assert_eq!(c2.seq, other.seq + 1);
 
     // b's email is held by a at the fold's parent, so the fold rejects b;
     // the new head pins Person from before a, where b would be accepted.
-    let p3 = stage(&g, &pool, &mut decoder, &topic, 2, json!({"name": "b", "email": "x"})).await;
+    let p3 = stage(
+        &g,
+        &pool,
+        &mut decoder,
+        &topic,
+        2,
+        json!({"name": "b", "email": "x"}),
+    )
+    .await;
     let mut older = child_of(&c2, "other");
     older
         .tables

@@ -42,10 +42,7 @@ pub(crate) async fn undelivered(graph: &Graph) -> Result<Undelivered> {
         .open_table(REJECTS_TABLE, head.tables.get(REJECTS_TABLE).copied())
         .await?;
     let ids: Vec<String> = commits.iter().map(|c| format!("'{}'", c.id)).collect();
-    let filter = format!(
-        "stage = 'fold' AND graph_commit IN ({})",
-        ids.join(", ")
-    );
+    let filter = format!("stage = 'fold' AND graph_commit IN ({})", ids.join(", "));
     let batches = crate::graph::scan(&ds, Some(&filter), None).await?;
     let mut out = Vec::new();
     for b in &batches {

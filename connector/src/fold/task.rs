@@ -10,8 +10,8 @@ use super::{execute, plan, Folded, Policies};
 use crate::error::Result;
 use crate::failpoints;
 use crate::graph::{Graph, GraphCommit};
-use crate::offsets::WrittenSpans;
 use crate::kafka::DeadLetters;
+use crate::offsets::WrittenSpans;
 use crate::shards;
 
 /// What the run loop hands the fold loop at a cut: the frozen memtables and

@@ -145,17 +145,22 @@ mod tests {
 
     #[test]
     fn every_pinned_table_has_a_layout_and_a_primary_key() {
-        let s = GraphSchema::parse(
-            "node P { name: String @key }\nedge Knows: P -> P",
-            "t.pg",
-        )
-        .unwrap();
+        let s =
+            GraphSchema::parse("node P { name: String @key }\nedge Knows: P -> P", "t.pg").unwrap();
         let names: Vec<String> = s.tables().into_iter().map(|t| t.name).collect();
         assert_eq!(
             names,
-            ["nodes/P", "edges/Knows", "_pending/Knows", "_ingest_rejects"]
+            [
+                "nodes/P",
+                "edges/Knows",
+                "_pending/Knows",
+                "_ingest_rejects"
+            ]
         );
-        assert_eq!(s.wal_tables(), ["nodes/P", "edges/Knows", "_ingest_rejects"]);
+        assert_eq!(
+            s.wal_tables(),
+            ["nodes/P", "edges/Knows", "_ingest_rejects"]
+        );
         let pending = pending_schema(s.get("Knows").unwrap());
         assert_eq!(pending.fields().last().unwrap().name(), PENDING_SINCE);
         for t in s.tables() {

@@ -39,4 +39,3 @@ pub fn canonical_ids(parts: &[ArrayRef]) -> Result<StringArray> {
         })
         .collect())
 }
-
