@@ -25,6 +25,7 @@ mod query;
 mod rejects;
 mod schema;
 mod shards;
+mod store;
 pub mod testing;
 mod types;
 mod validate;
@@ -33,7 +34,7 @@ mod validate;
 pub use cli::main as cli_main;
 pub use config::{
     Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings, KeyOrigin,
-    KeySource, Mapping, OffsetSettings, Tolerance, UnknownFields, WalSettings,
+    KeySource, Mapping, OffsetSettings, StorageOptions, Tolerance, UnknownFields, WalSettings,
 };
 pub use error::{Error, ErrorKind, Result};
 /// Reading a graph: its commits, and each table at the version a commit pins.
@@ -52,4 +53,5 @@ pub use query::status::{
 pub use query::{check, commits, fold_offline, snapshot, CheckSummary, Snapshot, TableRows};
 pub use rejects::{Reject, RejectCode, Stage};
 pub use schema::GraphSchema;
+pub use store::Store;
 pub use types::{now_ms, OffsetRange, TopicPartition};

@@ -44,7 +44,7 @@ pub async fn fold_offline(config: &Config) -> Result<Option<GraphCommit>> {
 
 /// Graph commits, newest first, at most `limit`.
 pub async fn commits(config: &Config, limit: usize) -> Result<Vec<GraphCommit>> {
-    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let graph = Graph::open_configured(config).await?;
     Ok(graph.commits().await?.into_iter().take(limit).collect())
 }
 
@@ -66,7 +66,7 @@ pub struct Snapshot {
 
 /// Row counts per table at the head, or at `commit`.
 pub async fn snapshot(config: &Config, commit: Option<&str>) -> Result<Snapshot> {
-    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let graph = Graph::open_configured(config).await?;
     let commit = match commit {
         Some(id) => graph.commit(id).await?,
         None => graph.head().await?,
