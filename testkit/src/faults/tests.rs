@@ -516,3 +516,92 @@ async fn proxy_serves_an_async_test_and_drops_inside_it() {
     drop(proxy);
     drop(upstream);
 }
+
+/// The `io::ErrorKind` at the bottom of an error chain, if there is one.
+fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind> {
+    let mut at = Some(e);
+    while let Some(e) = at {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return Some(io.kind());
+        }
+        at = e.source();
+    }
+    None
+}
+
+// What the client under Lance (reqwest 0.13 over hyper, through
+// object_store 0.14) makes of a reset: a request error with
+// ConnectionReset inside, and no resend of its own. object_store reads
+// that as "interrupted" and retries it only for idempotent requests.
+#[tokio::test]
+async fn reqwest_gets_a_lost_reply_as_a_reset_and_does_not_resend() {
+    let (upstream, proxy) = setup();
+    let client = reqwest::Client::new();
+    let url = format!("{}{WAL_PUT}", proxy.url());
+    // Warm the pool, so the PUT goes out on a reused connection.
+    let warm = client.get(&url).send().await.unwrap();
+    assert_eq!(
+        warm.bytes().await.unwrap().as_ref(),
+        format!("GET {WAL_PUT} 0").as_bytes()
+    );
+    proxy.add(Rule::new(Fault::ResetAfter).method("PUT").times(1));
+
+    let lost = client
+        .put(&url)
+        .body("arrow bytes")
+        .send()
+        .await
+        .unwrap_err();
+    assert!(lost.is_request() && !lost.is_connect(), "{lost:?}");
+    assert_eq!(
+        io_kind(&lost),
+        Some(io::ErrorKind::ConnectionReset),
+        "{lost:?}"
+    );
+    let puts = upstream
+        .received()
+        .iter()
+        .filter(|r| r.method == "PUT")
+        .count();
+    assert_eq!(
+        puts, 1,
+        "the write landed once, and hyper did not send it again"
+    );
+    // The broken connection left the pool; the next request just works.
+    assert_eq!(
+        client
+            .put(&url)
+            .body("again")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn reqwest_gets_an_outage_on_a_pooled_connection_as_a_reset() {
+    let (_upstream, proxy) = setup();
+    let client = reqwest::Client::new();
+    let url = format!("{}/bucket/a", proxy.url());
+    client
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    proxy.outage_until_cleared();
+    let refused = client.get(&url).send().await.unwrap_err();
+    assert_eq!(
+        io_kind(&refused),
+        Some(io::ErrorKind::ConnectionReset),
+        "{refused:?}"
+    );
+    let outage = proxy.log().iter().filter(|e| e.outage).count();
+    assert_eq!(outage, 1, "no hidden retry on a fresh connection");
+    proxy.end_outage();
+    assert_eq!(client.get(&url).send().await.unwrap().status(), 200);
+}
