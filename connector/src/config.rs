@@ -409,11 +409,23 @@ impl Config {
     fn validate_root(&self) -> Result<()> {
         let root = &self.graph.root;
         if let Some((scheme, _)) = root.split_once("://") {
-            const SCHEMES: &[&str] = &["file", "file-object-store", "s3", "gs", "az", "abfss", "memory"];
+            const SCHEMES: &[&str] = &[
+                "file",
+                "file-object-store",
+                "s3",
+                "gs",
+                "az",
+                "abfss",
+                "memory",
+            ];
             if !SCHEMES.contains(&scheme) {
                 return Err(Error::config(format!(
                     "graph.root: scheme {scheme}:// is not supported (use a local path, {})",
-                    SCHEMES.iter().map(|s| format!("{s}://")).collect::<Vec<_>>().join(", ")
+                    SCHEMES
+                        .iter()
+                        .map(|s| format!("{s}://"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )));
             }
         }
@@ -738,9 +750,9 @@ node = "Person"
     #[test]
     fn storage_options_expand_and_never_show_secrets() {
         std::env::set_var("GS_TEST_SECRET_KEY", "s3cr3t-value-42");
-        let t = MIN.replace(
-            "root = \"data/graph\"",
-            "root = \"s3://bucket/prefix\"\n[graph.storage_options]\n\
+        let t = MIN.replace("data/graph", "s3://bucket/prefix").replace(
+            "schema = \"social.pg\"",
+            "schema = \"social.pg\"\n[graph.storage_options]\n\
              aws_endpoint = \"http://127.0.0.1:9000\"\n\
              aws_secret_access_key = \"${GS_TEST_SECRET_KEY}\"\n\
              aws_session_token = \"tok-123\"",

@@ -14,17 +14,17 @@ use arrow::array::{
 use arrow_schema::Schema;
 use futures::TryStreamExt;
 use lance::dataset::mem_wal::DatasetMemWalExt;
-use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode, WriteParams};
+use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode};
 use lance::Dataset;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::error::{Context, Error, Result};
-use crate::store::Store;
 use crate::schema::{
     manifest_schema, same_columns, GraphSchema, TableLayout, MANIFEST_PK, MANIFEST_TABLE,
     REJECTS_TABLE,
 };
+use crate::store::Store;
 use crate::types::now_ms;
 pub use crate::types::OffsetRange;
 
