@@ -125,8 +125,10 @@ impl Drop for Tansu {
 }
 
 /// PR_SET_PDEATHSIG: the kernel kills the child if its parent dies in any
-/// way (panic, kill -9), so no test server outlives a run.
-pub(crate) fn tie_to_parent(cmd: &mut Command) {
+/// way (panic, kill -9), so no test server outlives a run. Also used for
+/// the e2e tests' `graphsink run` children: the signal fires when the
+/// spawning thread ends, so a child dies with its (failed) test's runtime.
+pub fn tie_to_parent(cmd: &mut Command) {
     // SAFETY: the closure runs in the forked child before exec and only
     // calls prctl and reads errno, both async-signal-safe.
     unsafe {

@@ -406,14 +406,16 @@ impl TestGraph {
         cmd.output().expect("run graphsink")
     }
 
+    /// A `graphsink run` child that dies with the test, even one that
+    /// fails before it kills the child itself.
     pub fn spawn_run(&self) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_graphsink"))
-            .args(["run", "--config"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
+        cmd.args(["run", "--config"])
             .arg(self.config_path())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn graphsink run")
+            .stderr(Stdio::inherit());
+        graphsink_testkit::tie_to_parent(&mut cmd);
+        cmd.spawn().expect("spawn graphsink run")
     }
 }
 

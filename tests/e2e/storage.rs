@@ -77,6 +77,8 @@ async fn latency_and_5xx_are_retried_and_nothing_is_lost() {
     let before = proxy.add(rule("PUT", "/wal/", Fault::StatusBefore(503), Some(3)));
     let after = proxy.add(rule("PUT", "/wal/", Fault::StatusAfter(500), Some(2)));
     let data = proxy.add(rule("PUT", "/data/", Fault::StatusBefore(503), Some(2)));
+    // A read whose connection is reset before it reaches the server.
+    let read = proxy.add(rule("GET", "/_versions/", Fault::ResetBefore, Some(2)));
     proxy.add(rule(
         "PUT",
         "",
@@ -94,6 +96,7 @@ async fn latency_and_5xx_are_retried_and_nothing_is_lost() {
     assert_eq!(proxy.hits(before), 3, "503 before forwarding fired");
     assert_eq!(proxy.hits(after), 2, "500 after forwarding fired");
     assert_eq!(proxy.hits(data), 2, "503 on a data file fired");
+    assert_eq!(proxy.hits(read), 2, "a reset read fired");
     assert_eq!(committed(&tg.group, topic, 2), end_offsets(topic, 2));
     assert_people(&tg, &w).await;
 }
@@ -200,11 +203,23 @@ async fn an_outage_pauses_ingest_and_acks_nothing_until_it_ends() {
     assert_eq!(rows.len(), first.expected.len() + second.len());
 }
 
-/// The `__manifest` commit lands but its reply is lost: Lance settles
-/// whether it committed, and the graph never gets a double commit.
+/// A commit lands but its reply is lost, at each kind of commit a fold
+/// makes: the `__manifest` publish, a table's Lance commit, and a shard
+/// manifest (the offline fold claims every shard). Lance settles whether
+/// it committed; the graph never gets a double commit, and no row is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_manifest_commit_reply_never_double_commits() {
+async fn a_lost_commit_reply_never_double_commits() {
     crate::init_logs();
+    for commit in [
+        "/__manifest/_versions/",
+        "/nodes/Person/_versions/",
+        "/nodes/Person/_mem_wal/",
+    ] {
+        lost_commit_reply(commit).await;
+    }
+}
+
+async fn lost_commit_reply(path: &str) {
     // No fold at all in the run: the one fold is the faulted one.
     let (proxy, tg) =
         proxied_graph("[fold]\ninterval = \"0s\"\non_shutdown = false\n[wal]\nbuckets = 1");
@@ -213,22 +228,11 @@ async fn a_lost_manifest_commit_reply_never_double_commits() {
     let w = people(50, 20, 1);
     produce(topic, &w.recs).await;
     try_run_to_end(&tg).await.expect("ingest");
-    let lost = proxy.add(rule(
-        "PUT",
-        "/__manifest/_versions/",
-        Fault::ResetAfter,
-        Some(1),
-    ));
+    let lost = proxy.add(rule("PUT", path, Fault::ResetAfter, Some(1)));
     let out = tg.cli(&["fold"], &[]);
-    let puts: Vec<String> = proxy
-        .log()
-        .into_iter()
-        .filter(|e| e.method == "PUT" && e.path.contains("__manifest"))
-        .map(|e| e.path)
-        .collect();
-    assert_eq!(proxy.hits(lost), 1, "the fault fired: {puts:#?}");
+    assert_eq!(proxy.hits(lost), 1, "{path}: the fault fired");
     eprintln!(
-        "fold with a lost manifest reply: {}\n{}",
+        "fold with a lost reply on {path}: {}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -237,12 +241,16 @@ async fn a_lost_manifest_commit_reply_never_double_commits() {
         let again = tg.cli(&["fold"], &[]);
         assert!(
             again.status.success(),
-            "{}",
+            "{path}: {}",
             String::from_utf8_lossy(&again.stderr)
         );
     }
     assert_linear_history(&tg).await;
-    assert_eq!(tg.graph().await.head().await.unwrap().seq, 1, "one fold");
+    assert_eq!(
+        tg.graph().await.head().await.unwrap().seq,
+        1,
+        "{path}: one fold"
+    );
     assert_people(&tg, &w).await;
 }
 
