@@ -23,6 +23,7 @@ mod offsets;
 mod pipeline;
 mod query;
 mod rejects;
+mod retention;
 mod schema;
 mod shards;
 pub mod testing;
@@ -33,7 +34,7 @@ mod validate;
 pub use cli::main as cli_main;
 pub use config::{
     Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings, KeyOrigin,
-    KeySource, Mapping, OffsetSettings, Tolerance, UnknownFields, WalSettings,
+    KeySource, Mapping, OffsetSettings, RetentionSettings, Tolerance, UnknownFields, WalSettings,
 };
 pub use error::{Error, ErrorKind, Result};
 /// Reading a graph: its commits, and each table at the version a commit pins.
@@ -49,7 +50,9 @@ pub use query::rejects::{
 pub use query::status::{
     graph_status, kafka_status, GraphStatus, KafkaStatus, PartitionStatus, PendingStatus,
 };
-pub use query::{check, commits, fold_offline, snapshot, CheckSummary, Snapshot, TableRows};
+pub use query::{check, commits, fold_offline, gc, snapshot, CheckSummary, Snapshot, TableRows};
 pub use rejects::{Reject, RejectCode, Stage};
+/// What retention removed, and storage per table.
+pub use retention::{GcReport, Removed, TableGc, TableStorage};
 pub use schema::GraphSchema;
 pub use types::{now_ms, OffsetRange, TopicPartition};

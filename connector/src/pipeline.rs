@@ -25,6 +25,7 @@ use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent};
 use crate::kafka::{DeadLetters, OffsetQueries};
 use crate::offsets::{DurableWatermarks, PollAck, PollSpans, TopicPartition, WrittenSpans};
 use crate::rejects;
+use crate::retention;
 use crate::schema::{GraphSchema, REJECTS_TABLE};
 use crate::shards::{PendingWrite, ShardPool};
 
@@ -101,6 +102,7 @@ pub async fn run_with(
     let dead_letters = DeadLetters::connect(&config).await?;
     let delivered = redeliver(&graph, &dead_letters, &shutdown).await?;
     let pool = ShardPool::open(&graph, &config.wal, &graph.wal_tables()).await?;
+    let retention = retention::Scheduled::new(&config.retention, pool.live_shards());
     let queries = match options.exit_at_end {
         true => Some(OffsetQueries::connect(&config)?),
         false => None,
@@ -127,6 +129,7 @@ pub async fn run_with(
         dead_letters: dead_letters.clone(),
         delivered,
         stop_delivery: shutdown.child_token(),
+        retention,
     };
     let mut fold = FoldTask::spawn(fold_loop, cuts);
     let mut run = RunLoop {
