@@ -279,10 +279,11 @@ impl Scheduled {
     /// garbage left behind is collected next time, and ingest must not stop
     /// because a delete failed.
     pub(crate) async fn after_publish(&mut self, graph: &Graph) {
-        if self.last.is_some_and(|t| t.elapsed() < self.interval) {
+        let now = Instant::now();
+        if !due(self.last, self.interval, now) {
             return;
         }
-        self.last = Some(Instant::now());
+        self.last = Some(now);
         match collect(graph, &self.window, &self.live, false).await {
             Ok(r) => {
                 let t = r.total();
@@ -297,6 +298,12 @@ impl Scheduled {
             Err(e) => tracing::warn!(error = %e, "retention failed; the next run retries"),
         }
     }
+}
+
+/// The first run after a start is due at once; later ones `interval`
+/// after the previous run began.
+fn due(last: Option<Instant>, interval: Duration, now: Instant) -> bool {
+    last.is_none_or(|t| now.saturating_duration_since(t) >= interval)
 }
 
 #[cfg(test)]

@@ -150,3 +150,22 @@ fn versions_keep_the_pins_and_everything_from_the_head_up() {
     // The latest survives any rule.
     assert!(doomed_versions(&versions[10..], 11, &Keep::Since(i64::MAX)).is_empty());
 }
+
+#[test]
+fn the_fold_loop_collects_at_once_then_once_per_interval() {
+    let t0 = std::time::Instant::now();
+    let minute = Duration::from_secs(60);
+    assert!(due(None, minute, t0));
+    assert!(!due(Some(t0), minute, t0 + Duration::from_secs(59)));
+    assert!(due(Some(t0), minute, t0 + minute));
+    // `0s`: after every publish.
+    assert!(due(Some(t0), Duration::ZERO, t0));
+}
+
+#[test]
+fn a_scheduler_exists_only_when_retention_is_enabled() {
+    let mut s = RetentionSettings::default();
+    assert!(Scheduled::new(&s, Default::default()).is_some());
+    s.enabled = false;
+    assert!(Scheduled::new(&s, Default::default()).is_none());
+}
