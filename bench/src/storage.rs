@@ -214,3 +214,32 @@ pub fn print(curves: &[Curve], step: u64) {
 fn kib(b: u64) -> String {
     format!("{:.0} KiB", b as f64 / 1024.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The storage mode, tiny: both curves measured, and retention keeps
+    /// the graph smaller than no retention from the second fold on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_short_storage_run_measures_both_curves() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Params {
+            folds: 4,
+            keys: 50,
+            rows: 100,
+            polls: 2,
+            buckets: 2,
+            keep_commits: 1,
+        };
+        let curves = run(dir.path(), p).await.unwrap();
+        let (on, off) = (&curves[0].points, &curves[1].points);
+        assert_eq!((on.len(), off.len()), (4, 4));
+        assert!(curves[0].retention && !curves[1].retention);
+        for (a, b) in on.iter().zip(off).skip(1) {
+            assert!(a.total < b.total, "fold {}: {a:?} vs {b:?}", a.fold);
+            assert_eq!(a.generations, 0, "{a:?}");
+            assert!(b.generations > 0, "{b:?}");
+        }
+    }
+}
