@@ -7,6 +7,12 @@
 #   use_broker          GRAPHSINK_TEST_BROKER if set, else ensure_tansu + start_broker
 #   start_broker        start tansu on a free loopback port; sets GRAPHSINK_TEST_BROKER
 #   stop_broker         stop it again (idempotent; callers: `trap stop_broker EXIT`)
+#   ensure_moto         install moto's S3 server into a venv once; sets MOTO_BIN
+#   use_s3              GRAPHSINK_TEST_S3 if set, else ensure_moto + start_s3
+#   start_s3            start moto on a free loopback port, create the test
+#                       bucket, refuse a server that ignores conditional PUTs;
+#                       sets GRAPHSINK_TEST_S3
+#   stop_s3             stop it again (idempotent)
 
 GRAPHSINK_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GRAPHSINK_CACHE="${GRAPHSINK_CACHE:-${HOME:?HOME is not set}/.cache/graphsink}"
@@ -15,6 +21,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$GRAPHSINK_CACHE/target}"
 export GRAPHSINK_REPO GRAPHSINK_CACHE
 
 TANSU_VERSION=0.6.0
+MOTO_VERSION=5.2.1
+MOTO_VENV="$GRAPHSINK_CACHE/moto-venv"
+S3_TEST_BUCKET=graphsink-test   # testkit/src/s3.rs TEST_BUCKET
 TANSU_ROOT="$GRAPHSINK_CACHE/tansu-$TANSU_VERSION"
 
 log() { printf '[graphsink] %s\n' "$*" >&2; }
@@ -141,5 +150,111 @@ stop_broker() {
     [ -z "${_GS_BROKER_DIR:-}" ] || rm -rf "$_GS_BROKER_DIR"
     [ -z "$pid" ] || unset GRAPHSINK_TEST_BROKER   # only if it was ours
     _GS_BROKER_PID="" _GS_BROKER_LAUNCHER="" _GS_BROKER_DIR=""
+    return 0
+}
+
+ensure_moto() {
+    export MOTO_BIN="$MOTO_VENV/bin/moto_server"
+    if [ ! -x "$MOTO_BIN" ]; then
+        log "installing moto $MOTO_VERSION (S3 server for the tests, about a minute, once per machine) into $MOTO_VENV"
+        mkdir -p "$GRAPHSINK_CACHE"
+        python3 -m venv --help >/dev/null 2>&1 || {
+            have apt-get || die "python3 has no venv module and there is no apt-get"
+            as_root apt-get update -qq
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv </dev/null
+        }
+        # shellcheck disable=SC2016
+        flock "$GRAPHSINK_CACHE/moto-install.lock" bash -c '
+            [ -x "$1/bin/moto_server" ] && exit 0
+            rm -rf "$1" && python3 -m venv "$1" &&
+                "$1/bin/pip" install -q --disable-pip-version-check "moto[server]==$2" </dev/null
+        ' _ "$MOTO_VENV" "$MOTO_VERSION"
+        [ -x "$MOTO_BIN" ] || die "moto install finished but $MOTO_BIN is missing"
+    fi
+}
+
+use_s3() {
+    if [ -n "${GRAPHSINK_TEST_S3:-}" ]; then
+        log "using external S3 endpoint GRAPHSINK_TEST_S3=$GRAPHSINK_TEST_S3 (starting none)"
+        _check_s3 "$GRAPHSINK_TEST_S3"
+    else
+        ensure_moto
+        start_s3
+    fi
+}
+
+# One raw request; prints the HTTP status. moto checks no signature, but it
+# answers an anonymous request on an existing key with 403 before looking at
+# its conditions, so the request carries a (dummy) Authorization header.
+_s3_status() {
+    local endpoint="$1" method="$2" path="$3"; shift 3
+    curl -s -o /dev/null -w '%{http_code}' -X "$method" "$@" \
+        -H 'Authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0' \
+        "$endpoint$path"
+}
+
+# Creates the test bucket and refuses a server that ignores conditional PUTs.
+_check_s3() {
+    local ep="$1" key="/$S3_TEST_BUCKET/_probe/conditional-$$" code again stale
+    have curl || die "curl is needed to check the S3 server"
+    code="$(_s3_status "$ep" PUT "/$S3_TEST_BUCKET")"
+    case "$code" in 200 | 409) ;; *) die "cannot create bucket $S3_TEST_BUCKET at $ep (HTTP $code)" ;; esac
+    code="$(_s3_status "$ep" PUT "$key" -H 'If-None-Match: *' --data-binary x)"
+    [ "$code" = 200 ] || die "a put-if-absent on $ep failed (HTTP $code)"
+    again="$(_s3_status "$ep" PUT "$key" -H 'If-None-Match: *' --data-binary x)"
+    stale="$(_s3_status "$ep" PUT "$key" -H 'If-Match: "0000000000000000"' --data-binary x)"
+    _s3_status "$ep" DELETE "$key" >/dev/null || true
+    if [ "$again" != 412 ] || [ "$stale" != 412 ]; then
+        die "the S3 server at $ep does not enforce conditional PUTs (If-None-Match gave $again, If-Match gave $stale; both must be 412): Lance would lose commits on it"
+    fi
+}
+
+start_s3() {
+    [ -z "${_GS_S3_PID:-}" ] || die "start_s3: an S3 server is already running (pid $_GS_S3_PID)"
+    : "${MOTO_BIN:?run ensure_moto first}"
+    local port dir deadline started
+    port="$(_free_port)"
+    dir="$(mktemp -d "${TMPDIR:-/tmp}/graphsink-s3.XXXXXX")"
+    _GS_S3_DIR="$dir" _GS_S3_LOG="$dir/moto.log"
+    started="$(_now_ms)"
+    # shellcheck disable=SC2016
+    setsid bash -c 'echo "$$" >"$1"; shift; exec "$@"' _ "$dir/pid" \
+        "$MOTO_BIN" -H 127.0.0.1 -p "$port" </dev/null >"$_GS_S3_LOG" 2>&1 &
+    _GS_S3_LAUNCHER=$!
+    deadline=$((SECONDS + 30))
+    while [ ! -s "$dir/pid" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
+    _GS_S3_PID="$(cat "$dir/pid" 2>/dev/null || true)"
+    [ -n "$_GS_S3_PID" ] || _s3_failed "the S3 server process did not start"
+    until [ "$(_s3_status "http://127.0.0.1:$port" GET /)" = 200 ]; do
+        _alive "$_GS_S3_PID" || _s3_failed "moto_server exited during startup"
+        [ "$SECONDS" -lt "$deadline" ] || _s3_failed "moto_server not ready on port $port after 30 s"
+        sleep 0.1
+    done
+    export GRAPHSINK_TEST_S3="http://127.0.0.1:$port"
+    # A subshell, so a refusal (die) still stops the server it started.
+    (_check_s3 "$GRAPHSINK_TEST_S3") || { stop_s3; exit 1; }
+    log "moto S3 server ready at $GRAPHSINK_TEST_S3 in $(($(_now_ms) - started)) ms (pid $_GS_S3_PID, log $_GS_S3_LOG)"
+}
+
+_s3_failed() {
+    log "ERROR: $1; last lines of $_GS_S3_LOG:"
+    tail -n 40 "$_GS_S3_LOG" >&2 || true
+    stop_s3
+    exit 1
+}
+
+stop_s3() {
+    local pid="${_GS_S3_PID:-}" i
+    if [ -n "$pid" ]; then
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < 100; i++)); do _alive "$pid" || break; sleep 0.1; done
+        _alive "$pid" && { kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; }
+    fi
+    if [ -n "${_GS_S3_LAUNCHER:-}" ]; then
+        _alive "$_GS_S3_LAUNCHER" || wait "$_GS_S3_LAUNCHER" 2>/dev/null || true
+    fi
+    [ -z "${_GS_S3_DIR:-}" ] || rm -rf "$_GS_S3_DIR"
+    [ -z "$pid" ] || unset GRAPHSINK_TEST_S3
+    _GS_S3_PID="" _GS_S3_LAUNCHER="" _GS_S3_DIR=""
     return 0
 }

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against a throwaway tansu broker (in memory).
 #   bash scripts/test.sh [cargo test args] [-- test binary args]
-# Set GRAPHSINK_TEST_BROKER=host:port to use a broker of your own instead.
+# Set GRAPHSINK_TEST_BROKER=host:port to use a broker of your own instead,
+# and GRAPHSINK_TEST_S3=http://host:port for an S3 server of your own (it
+# must enforce conditional PUTs; the test bucket is created if missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 
 ensure_build_deps
-trap stop_broker EXIT
+trap 'stop_broker; stop_s3' EXIT
 use_broker
-log "tests use broker GRAPHSINK_TEST_BROKER=$GRAPHSINK_TEST_BROKER"
+use_s3
+log "tests use broker GRAPHSINK_TEST_BROKER=$GRAPHSINK_TEST_BROKER and S3 GRAPHSINK_TEST_S3=$GRAPHSINK_TEST_S3"
 
 # Split our args at `--` so the default --test-threads=2 stays on the test
 # binary's side (after a second `--` libtest would take it for a test filter).

@@ -521,7 +521,7 @@ impl Run {
 /// Compares the graph's rows at its head with `r.expected_rows`; a
 /// difference is a COUNT MISMATCH note.
 async fn check_rows(root: &str, r: &mut Report) -> Result<(), BoxError> {
-    let g = graphsink::Graph::open_readonly(root.to_string()).await?;
+    let g = graphsink::Graph::open_readonly(root.to_string(), Default::default()).await?;
     let head = g.head().await?;
     let rows = graphsink::row_counts(&g, &head).await?;
     for (table, want) in &r.expected_rows {

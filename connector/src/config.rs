@@ -45,6 +45,62 @@ pub struct GraphSettings {
     /// Name recorded as the actor of every graph commit.
     #[serde(default = "default_actor")]
     pub actor: String,
+    /// Passed through to Lance's object store for `s3://`, `gs://` and
+    /// `az://` roots (`aws_endpoint`, `aws_region`, `aws_allow_http`,
+    /// credentials as `${VAR}`, `timeout`, `client_max_retries`, ...).
+    /// Lance also reads the standard `AWS_*` variables itself.
+    #[serde(default)]
+    pub storage_options: StorageOptions,
+    /// After a storage failure that passes (5xx or timeouts past the
+    /// client's retries, an outage, a WAL writer that gave up), the run
+    /// restarts its ingest session in-process, waiting 250 ms, doubling up
+    /// to this. It never gives up on those; refusals stop the run.
+    #[serde(default = "default_storage_backoff", with = "humantime_serde")]
+    pub storage_retry_max_backoff: Duration,
+}
+
+/// Object-store options. Their values may be credentials, so `Debug` shows
+/// only the values of keys known to be harmless.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct StorageOptions(pub BTreeMap<String, String>);
+
+impl StorageOptions {
+    /// Keys whose values are shown in logs and errors; every other value is
+    /// a possible secret (an allow-list: a new credential key stays hidden).
+    const SHOWN: &'static [&'static str] = &[
+        "aws_endpoint",
+        "endpoint",
+        "aws_region",
+        "region",
+        "aws_allow_http",
+        "allow_http",
+        "aws_virtual_hosted_style_request",
+        "virtual_hosted_style_request",
+        "timeout",
+        "connect_timeout",
+        "client_max_retries",
+        "client_retry_timeout",
+        "download_retry_count",
+        "aws_conditional_put",
+        "use_opendal",
+    ];
+
+    pub fn redacted(&self) -> BTreeMap<&str, &str> {
+        self.0
+            .iter()
+            .map(|(k, v)| {
+                let shown = Self::SHOWN.contains(&k.to_ascii_lowercase().as_str());
+                (k.as_str(), if shown { v.as_str() } else { "<redacted>" })
+            })
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for StorageOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.redacted()).finish()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -368,6 +424,7 @@ impl Config {
     }
 
     fn validate(&self) -> Result<()> {
+        self.validate_root()?;
         self.validate_kafka()?;
         self.validate_wal()?;
         if self.mappings.is_empty() {
@@ -391,6 +448,34 @@ impl Config {
             return Err(Error::config("errors.max_record_bytes must be positive"));
         }
         self.retention.validate()?;
+        Ok(())
+    }
+
+    /// Schemes Lance's object stores serve in this build; anything else is
+    /// a typo that would otherwise fail deep inside the first open.
+    fn validate_root(&self) -> Result<()> {
+        let root = &self.graph.root;
+        if let Some((scheme, _)) = root.split_once("://") {
+            const SCHEMES: &[&str] = &[
+                "file",
+                "file-object-store",
+                "s3",
+                "gs",
+                "az",
+                "abfss",
+                "memory",
+            ];
+            if !SCHEMES.contains(&scheme) {
+                return Err(Error::config(format!(
+                    "graph.root: scheme {scheme}:// is not supported (use a local path, {})",
+                    SCHEMES
+                        .iter()
+                        .map(|s| format!("{s}://"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -590,6 +675,9 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+fn default_storage_backoff() -> Duration {
+    Duration::from_secs(10)
+}
 fn default_actor() -> String {
     "graphsink".into()
 }
@@ -723,6 +811,40 @@ schema = "social.pg"
 topic = "people"
 node = "Person"
 "#;
+
+    /// `${VAR}` expands inside the storage options, and `Debug` (which is
+    /// how config reaches logs) shows harmless values only.
+    #[test]
+    fn storage_options_expand_and_never_show_secrets() {
+        std::env::set_var("GS_TEST_SECRET_KEY", "s3cr3t-value-42");
+        let t = MIN.replace(
+            "root = \"data/graph\"",
+            "root = \"s3://bucket/prefix\"\n[graph.storage_options]\n\
+             aws_endpoint = \"http://127.0.0.1:9000\"\n\
+             aws_secret_access_key = \"${GS_TEST_SECRET_KEY}\"\n\
+             aws_session_token = \"tok-123\"",
+        );
+        let c = Config::from_toml(&t, Path::new("/")).unwrap();
+        assert_eq!(c.root_uri(), "s3://bucket/prefix");
+        let opts = &c.graph.storage_options.0;
+        assert_eq!(opts["aws_secret_access_key"], "s3cr3t-value-42");
+        let shown = format!("{c:?}");
+        assert!(shown.contains("http://127.0.0.1:9000"), "{shown}");
+        assert!(!shown.contains("s3cr3t-value-42"), "{shown}");
+        assert!(!shown.contains("tok-123"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    #[test]
+    fn an_unknown_root_scheme_is_refused_at_load() {
+        let t = MIN.replace("data/graph", "s4://bucket/x");
+        let e = Config::from_toml(&t, Path::new("/")).unwrap_err();
+        assert!(e.to_string().contains("s4://"), "{e}");
+        for ok in ["s3://b/p", "gs://b/p", "az://c/p", "file:///tmp/g"] {
+            let t = MIN.replace("data/graph", ok);
+            Config::from_toml(&t, Path::new("/")).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+    }
 
     #[test]
     fn defaults_apply() {

@@ -45,6 +45,16 @@ pub enum Error {
         shard: uuid::Uuid,
         reason: String,
     },
+    /// The writer gave up on its WAL store (Lance's persistence failure):
+    /// a write may or may not have landed, nothing of it was acked. The
+    /// shard must be reopened under a new epoch, which replays what landed.
+    #[error("shard {shard} of {table} (bucket {bucket}) stopped: its WAL writes kept failing ({reason})")]
+    WalUnavailable {
+        table: String,
+        bucket: u32,
+        shard: uuid::Uuid,
+        reason: String,
+    },
     #[error("graph commit conflict: head moved from {expected} to {found}")]
     CommitConflict { expected: String, found: String },
     #[error("kafka: {0}")]
@@ -104,14 +114,29 @@ impl Error {
             Error::Decode { .. } | Error::Intolerable { .. } => ErrorKind::BadInput,
             Error::DeadLetter { .. } => ErrorKind::Retry,
             Error::Fenced { .. } => ErrorKind::Fenced,
+            Error::WalUnavailable { .. } => ErrorKind::Retry,
             Error::CommitConflict { .. } | Error::Kafka(_) | Error::Failpoint(_) => {
                 ErrorKind::Retry
             }
+            Error::Lance { source, .. } if passing_lance_failure(source) => ErrorKind::Retry,
             Error::Lance { source, .. } if source.fence_reason().is_some() => ErrorKind::Fenced,
             Error::Lance { .. } | Error::Arrow { .. } | Error::Other(_) => ErrorKind::Retry,
             Error::Corrupt(_) => ErrorKind::Corrupt,
             Error::NotFound(_) | Error::CommitExpired { .. } => ErrorKind::NotFound,
             Error::Panic { .. } => ErrorKind::Bug,
+        }
+    }
+
+    /// Storage trouble that passes: the object store or disk failed after
+    /// its own retries (5xx, timeouts, a refused or reset connection, an
+    /// outage), or a shard writer gave up on its WAL. The run restarts its
+    /// ingest session for these; a refusal (credentials, permissions, a
+    /// missing table) is not one of them and stops the run.
+    pub fn is_passing_storage_failure(&self) -> bool {
+        match self {
+            Error::WalUnavailable { .. } => true,
+            Error::Lance { source, .. } => passing_lance_failure(source),
+            _ => false,
         }
     }
 
@@ -127,6 +152,44 @@ impl Error {
             Err(e) => e.to_string(),
         };
         Error::Panic { task, message }
+    }
+}
+
+fn passing_lance_failure(e: &lance::Error) -> bool {
+    use lance::Error as L;
+    if matches!(
+        e.fence_reason(),
+        Some(lance_core::FenceReason::PersistenceFailure)
+    ) {
+        return true;
+    }
+    match e {
+        L::Timeout { .. } | L::TooMuchWriteContention { .. } => true,
+        L::IO { source, .. } => passing_io_failure(source.as_ref()),
+        _ => e.is_backpressure(),
+    }
+}
+
+/// Walks the source chain to the object-store or OS error at its root.
+fn passing_io_failure(mut e: &(dyn std::error::Error + 'static)) -> bool {
+    loop {
+        if let Some(os) = e.downcast_ref::<object_store::Error>() {
+            return matches!(
+                os,
+                object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
+            );
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return io.kind() != std::io::ErrorKind::PermissionDenied
+                && io.kind() != std::io::ErrorKind::NotFound;
+        }
+        if let Some(l) = e.downcast_ref::<lance::Error>() {
+            return passing_lance_failure(l);
+        }
+        match e.source() {
+            Some(next) => e = next,
+            None => return false,
+        }
     }
 }
 
@@ -156,6 +219,56 @@ impl<T> Context<T> for std::result::Result<T, arrow_schema::ArrowError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn lance_io(e: impl std::error::Error + Send + Sync + 'static) -> Error {
+        Error::Lance {
+            context: "test".into(),
+            source: lance::Error::io_source(Box::new(e)),
+        }
+    }
+
+    /// Only failures that pass restart the ingest session; a refusal must
+    /// stop the run, or a wrong credential would retry forever.
+    #[test]
+    fn passing_storage_failures_are_told_from_refusals() {
+        let generic = object_store::Error::Generic {
+            store: "S3",
+            source: "HTTP 503 after 3 retries".into(),
+        };
+        assert!(lance_io(generic).is_passing_storage_failure());
+        let denied = object_store::Error::PermissionDenied {
+            path: "k".into(),
+            source: "403".into(),
+        };
+        assert!(!lance_io(denied).is_passing_storage_failure());
+        let unauth = object_store::Error::Unauthenticated {
+            path: "k".into(),
+            source: "401".into(),
+        };
+        assert!(!lance_io(unauth).is_passing_storage_failure());
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(lance_io(reset).is_passing_storage_failure());
+        let eacces = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(!lance_io(eacces).is_passing_storage_failure());
+        let wal = Error::WalUnavailable {
+            table: "nodes/A".into(),
+            bucket: 0,
+            shard: uuid::Uuid::nil(),
+            reason: "persistence failure".into(),
+        };
+        assert!(wal.is_passing_storage_failure());
+        assert!(!Error::Corrupt("x".into()).is_passing_storage_failure());
+        let fenced = Error::Fenced {
+            table: "nodes/A".into(),
+            bucket: 0,
+            shard: uuid::Uuid::nil(),
+            reason: "peer claimed epoch".into(),
+        };
+        assert!(
+            !fenced.is_passing_storage_failure(),
+            "a peer's fence stops the run"
+        );
+    }
 
     #[tokio::test]
     async fn a_panicking_task_is_a_bug_not_a_retry() {

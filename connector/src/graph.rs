@@ -24,6 +24,7 @@ use crate::schema::{
     manifest_schema, same_columns, GraphSchema, TableLayout, MANIFEST_PK, MANIFEST_TABLE,
     REJECTS_TABLE,
 };
+use crate::store::Store;
 use crate::types::now_ms;
 pub use crate::types::OffsetRange;
 
@@ -85,6 +86,7 @@ struct SchemaRecord {
 #[derive(Clone)]
 pub struct Graph {
     root: String,
+    store: Store,
     pub(crate) schema: Arc<GraphSchema>,
     /// Buckets N per MemWAL table path (graph types and `_ingest_rejects`).
     pub(crate) buckets: BTreeMap<String, u32>,
@@ -94,8 +96,11 @@ impl Graph {
     /// Opens the graph, creating it on first start; refuses an incompatible one.
     pub async fn open_or_init(config: &Config, schema: GraphSchema) -> Result<Graph> {
         let buckets = buckets_per_table(config, &schema)?;
+        // Debug of the options shows harmless values only (no credentials).
+        tracing::info!(root = %config.root_uri(), storage_options = ?config.graph.storage_options, "opening graph");
         let graph = Graph {
             root: config.root_uri(),
+            store: Store::new(&config.graph.storage_options),
             schema: Arc::new(schema),
             buckets,
         };
@@ -108,9 +113,10 @@ impl Graph {
     }
 
     /// Opens an existing graph for reading (log, show) without a schema file.
-    pub async fn open_readonly(root: String) -> Result<Graph> {
+    pub async fn open_readonly(root: String, store: Store) -> Result<Graph> {
         let graph = Graph {
             root,
+            store,
             schema: Arc::new(GraphSchema {
                 types: vec![],
                 source: String::new(),
@@ -127,6 +133,11 @@ impl Graph {
         Ok(graph)
     }
 
+    /// Opens the existing graph a config names, for reading.
+    pub async fn open_configured(config: &Config) -> Result<Graph> {
+        Graph::open_readonly(config.root_uri(), Store::new(&config.graph.storage_options)).await
+    }
+
     /// The schema the graph was opened with (empty for `open_readonly`).
     pub fn schema(&self) -> &GraphSchema {
         &self.schema
@@ -134,6 +145,11 @@ impl Graph {
 
     pub fn root(&self) -> &str {
         &self.root
+    }
+
+    /// How the root's object store is reached.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     /// Tables with MemWAL shards, in fold order: nodes, edges, rejects.
@@ -147,7 +163,7 @@ impl Graph {
 
     pub async fn open_table(&self, table: &str, version: Option<u64>) -> Result<Dataset> {
         let uri = self.table_uri(table);
-        let ds = Dataset::open(&uri).await.ctx(format!("open {uri}"))?;
+        let ds = self.store.open(&uri).await.ctx(format!("open {uri}"))?;
         match version {
             Some(v) if v != ds.version().version => ds
                 .checkout_version(v)
@@ -199,10 +215,7 @@ impl Graph {
         let batch = rows.into_batch();
         let schema = batch.schema();
         let uri = self.table_uri(MANIFEST_TABLE);
-        let params = WriteParams {
-            mode: WriteMode::Create,
-            ..Default::default()
-        };
+        let params = self.store.write_params(WriteMode::Create);
         Dataset::write(
             RecordBatchIterator::new(vec![Ok(batch)], schema),
             &uri,
@@ -218,14 +231,11 @@ impl Graph {
     async fn init_table(&self, layout: &TableLayout, buckets: Option<u32>) -> Result<Dataset> {
         let (schema, pk) = (&layout.schema, layout.pk);
         let uri = self.table_uri(&layout.name);
-        let mut ds = match Dataset::open(&uri).await {
+        let mut ds = match self.store.open(&uri).await {
             Ok(ds) => ds,
             Err(e) if is_lance_not_found(&e) => {
                 let empty = RecordBatchIterator::new(vec![], schema.clone());
-                let params = WriteParams {
-                    mode: WriteMode::Create,
-                    ..Default::default()
-                };
+                let params = self.store.write_params(WriteMode::Create);
                 Dataset::write(empty, &uri, Some(params))
                     .await
                     .ctx(format!("create {uri}"))?

@@ -14,6 +14,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("failpoints", 0),
     ("config", 0),
     ("schema", 1),
+    ("store", 1),
     ("graph", 2),
     ("shards", 3),
     ("rejects", 3),

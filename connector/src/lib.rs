@@ -26,6 +26,7 @@ mod rejects;
 mod retention;
 mod schema;
 mod shards;
+mod store;
 pub mod testing;
 mod types;
 mod validate;
@@ -34,7 +35,8 @@ mod validate;
 pub use cli::main as cli_main;
 pub use config::{
     Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings, KeyOrigin,
-    KeySource, Mapping, OffsetSettings, RetentionSettings, Tolerance, UnknownFields, WalSettings,
+    KeySource, Mapping, OffsetSettings, RetentionSettings, StorageOptions, Tolerance,
+    UnknownFields, WalSettings,
 };
 pub use error::{Error, ErrorKind, Result};
 /// Reading a graph: its commits, and each table at the version a commit pins.
@@ -55,4 +57,5 @@ pub use rejects::{Reject, RejectCode, Stage};
 /// What retention removed, and storage per table.
 pub use retention::{GcReport, Removed, TableGc, TableStorage};
 pub use schema::GraphSchema;
+pub use store::Store;
 pub use types::{now_ms, OffsetRange, TopicPartition};

@@ -54,6 +54,8 @@ pub struct RunStats {
     pub rejected: AtomicU64,
     /// Successful offset commits.
     pub commits: AtomicU64,
+    /// Ingest sessions restarted in-process after a passing storage failure.
+    pub restarts: AtomicU64,
     /// Polls taken, and the run loop's time in them (ns): in all, in
     /// decoding + validating, and in handing rows to the shard writers
     /// (memtable inserts). The loop is one task, so busy ÷ wall time says
@@ -94,23 +96,89 @@ pub async fn run_with(
     options: RunOptions,
     shutdown: CancellationToken,
 ) -> Result<RunSummary> {
+    let mut total = RunSummary::default();
+    let mut backoff = StorageBackoff::new(config.graph.storage_retry_max_backoff);
+    loop {
+        let started = tokio::time::Instant::now();
+        let result = session(&config, &options, &shutdown, &mut total).await;
+        match result {
+            Ok(()) => return Ok(total),
+            Err(e) if e.is_passing_storage_failure() && !shutdown.is_cancelled() => {
+                let delay = backoff.next(started.elapsed());
+                if let Some(stats) = &options.stats {
+                    stats.restarts.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::warn!(
+                    error = %e,
+                    retry_in = ?delay,
+                    "storage failed; restarting the ingest session in this process \
+                     (shards reopen and replay; records not yet acked are read again)"
+                );
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Err(e),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The wait before restarting a session that failed on storage: doubling
+/// from 250 ms up to `max`, and back to the start after a session that ran
+/// a minute (it was not the same outage).
+struct StorageBackoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl StorageBackoff {
+    const FIRST: Duration = Duration::from_millis(250);
+
+    fn new(max: Duration) -> Self {
+        StorageBackoff {
+            next: Self::FIRST,
+            max,
+        }
+    }
+
+    fn next(&mut self, session_ran: Duration) -> Duration {
+        if session_ran >= Duration::from_secs(60) {
+            self.next = Self::FIRST;
+        }
+        let delay = self.next.min(self.max);
+        self.next = (self.next * 2).min(self.max);
+        delay
+    }
+}
+
+/// One ingest session: open the graph, recover, open (claim) the shards,
+/// join the group, and serve until shutdown, the end, or a failure. A
+/// failed session has committed nothing past durability, so a new session
+/// can start over from the group's committed offsets.
+async fn session(
+    config: &Config,
+    options: &RunOptions,
+    shutdown: &CancellationToken,
+    total: &mut RunSummary,
+) -> Result<()> {
     let schema = GraphSchema::load(&config.schema_path())?;
-    let graph = Graph::open_or_init(&config, schema).await?;
-    let policies = Policies::from_config(&config);
+    let graph = Graph::open_or_init(config, schema).await?;
+    let policies = Policies::from_config(config);
     fold::recover(&graph, &policies).await?;
-    let decoders = decoders(&config, &graph)?;
-    let dead_letters = DeadLetters::connect(&config).await?;
-    let delivered = redeliver(&graph, &dead_letters, &shutdown).await?;
+    let decoders = decoders(config, &graph)?;
+    let dead_letters = DeadLetters::connect(config).await?;
+    let delivered = redeliver(&graph, &dead_letters, shutdown).await?;
     let pool = ShardPool::open(&graph, &config.wal, &graph.wal_tables()).await?;
     let retention = retention::Scheduled::new(&config.retention, pool.live_shards());
     let queries = match options.exit_at_end {
-        true => Some(OffsetQueries::connect(&config)?),
+        true => Some(OffsetQueries::connect(config)?),
         false => None,
     };
 
     // From here on, every exit closes the consumer through `consumer::close`.
     let committable: Committable = Default::default();
-    let (kafka, events) = consumer::subscribe(&config, committable.clone())?;
+    let (kafka, events) = consumer::subscribe(config, committable.clone())?;
     let wake = options.fold_now.clone().unwrap_or_default();
     let (cut_tx, cuts) = mpsc::channel(1);
     let fold_loop = FoldLoop {
@@ -133,8 +201,8 @@ pub async fn run_with(
     };
     let mut fold = FoldTask::spawn(fold_loop, cuts);
     let mut run = RunLoop {
-        config: &config,
-        options: &options,
+        config,
+        options,
         events,
         decoders,
         pool,
@@ -155,10 +223,14 @@ pub async fn run_with(
         breaker: Breaker::default(),
         last_poll: tokio::time::Instant::now(),
     };
-    match run.serve(&kafka, &shutdown, &mut fold).await {
-        Ok(()) => run.drain(kafka, fold).await,
-        Err(e) => Err(stop_after_failure(kafka, fold, e).await),
+    if let Err(e) = run.serve(&kafka, shutdown, &mut fold).await {
+        total.records += run.summary.records;
+        return Err(stop_after_failure(kafka, fold, e).await);
     }
+    let summary = run.drain(kafka, fold).await?;
+    total.records += summary.records;
+    total.committed = summary.committed;
+    Ok(())
 }
 
 /// One decoder per mapped topic.

@@ -344,20 +344,27 @@ impl Write {
     }
 }
 
-/// A fenced writer becomes `Error::Fenced` naming the shard and epochs.
+/// A writer fenced by a peer becomes `Error::Fenced` naming the shard and
+/// epochs; one that gave up on its own WAL store, `Error::WalUnavailable`
+/// (reopening it replays whatever landed).
 pub fn fenced_or(e: lance::Error, table: &str, bucket: u32, shard: Uuid, what: &str) -> Error {
-    if e.fence_reason().is_some() {
-        Error::Fenced {
+    match e.fence_reason() {
+        Some(lance_core::FenceReason::PersistenceFailure) => Error::WalUnavailable {
             table: table.to_string(),
             bucket,
             shard,
             reason: e.to_string(),
-        }
-    } else {
-        Error::Lance {
+        },
+        Some(_) => Error::Fenced {
+            table: table.to_string(),
+            bucket,
+            shard,
+            reason: e.to_string(),
+        },
+        None => Error::Lance {
             context: format!("{what} on shard {shard} ({table} bucket {bucket})"),
             source: e,
-        }
+        },
     }
 }
 

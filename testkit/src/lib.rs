@@ -1,7 +1,13 @@
 //! Test and benchmark support shared by the e2e tests and graphsink-bench.
-//! Both need a private Kafka broker; keeping the one way to start it here
-//! means they cannot drift apart.
+//! Both need a private Kafka broker, and the tests an S3 server; keeping
+//! the one way to start each here means they cannot drift apart. The fault
+//! proxy sits between the object store client and the S3 server, for the
+//! storage-fault tests.
 
+pub mod faults;
+pub mod s3;
 pub mod tansu;
 
+pub use faults::{Exchange, Fault, FaultProxy, Rule, RuleId};
+pub use s3::S3Server;
 pub use tansu::Tansu;

@@ -25,13 +25,17 @@ pub struct Tansu {
 /// `$GRAPHSINK_CACHE/tansu-0.6.0/bin/tansu`, the cache defaulting to
 /// `$HOME/.cache/graphsink`.
 pub fn default_bin() -> PathBuf {
-    let cache = match std::env::var_os("GRAPHSINK_CACHE") {
+    cache_dir().join("tansu-0.6.0/bin/tansu")
+}
+
+/// `$GRAPHSINK_CACHE`, defaulting to `$HOME/.cache/graphsink` (scripts/lib.sh).
+pub(crate) fn cache_dir() -> PathBuf {
+    match std::env::var_os("GRAPHSINK_CACHE") {
         Some(c) => PathBuf::from(c),
         None => {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/graphsink")
         }
-    };
-    cache.join("tansu-0.6.0/bin/tansu")
+    }
 }
 
 impl Tansu {
@@ -71,16 +75,7 @@ impl Tansu {
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr);
-        // PR_SET_PDEATHSIG: the kernel kills tansu if its parent dies in any
-        // way (panic, kill -9), so no broker outlives a run.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        tie_to_parent(&mut cmd);
         let child = spawn_from_long_lived_thread(cmd)
             .map_err(|e| format!("start {}: {e}", bin.display()))?;
         let mut tansu = Tansu {
@@ -129,13 +124,28 @@ impl Drop for Tansu {
     }
 }
 
+/// PR_SET_PDEATHSIG: the kernel kills the child if its parent dies in any
+/// way (panic, kill -9), so no test server outlives a run.
+pub(crate) fn tie_to_parent(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls prctl and reads errno, both async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 type SpawnRequest = (Command, Sender<std::io::Result<Child>>);
 
 /// PR_SET_PDEATHSIG fires when the spawning *thread* exits, not the process:
 /// a broker spawned from a test thread (which ends with its test) or a
 /// short-lived worker would be killed early. So every spawn goes through one
 /// thread that lives as long as the process.
-fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<Child> {
+pub(crate) fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<Child> {
     static SPAWNER: OnceLock<Sender<SpawnRequest>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();

@@ -16,7 +16,7 @@ fn keys(rows: &BTreeMap<String, Value>) -> Vec<String> {
 
 async fn rows_if_any(tg: &TestGraph, table: &str) -> BTreeMap<String, Value> {
     // The connector may not have created the graph yet.
-    let Ok(g) = graphsink::Graph::open_readonly(tg.root()).await else {
+    let Ok(g) = graphsink::Graph::open_configured(&tg.config()).await else {
         return BTreeMap::new();
     };
     let head = g.head().await.unwrap();
@@ -53,10 +53,9 @@ edge In: Person -> Slot { @unique(src, dst) }
 /// An edge whose endpoint arrives in a later fold lands under `defer`; one
 /// whose endpoint never arrives is rejected at the deadline; `reject`
 /// refuses at once; ids follow the mapping; a tombstone deletes by id.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn edges_wait_for_their_endpoints_until_the_deadline() {
+async fn edges_wait_for_their_endpoints_until_the_deadline(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::with_schema(
+    let tg = TestGraph::on(backend, 
         SCHEMA,
         &[
             "node = \"Person\"",
@@ -208,10 +207,9 @@ async fn edges_wait_for_their_endpoints_until_the_deadline() {
 
 /// `@card` (at most one manager per person) and `@unique` (email) hold
 /// across committed rows; the violating rows are fold rejects.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn card_and_unique_are_checked_against_committed_rows() {
+async fn card_and_unique_are_checked_against_committed_rows(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::with_schema(
+    let tg = TestGraph::on(backend, 
         "node Person { name: String @key  email: String? @unique }\nedge Manager: Person -> Person @card(0..1)",
         &["node = \"Person\"", "edge = \"Manager\"\nkey = \"kafka\""],
         "",
@@ -366,3 +364,8 @@ async fn a_fold_reject_under_tolerance_none_publishes_nothing() {
     assert_eq!(head.seq, 0, "the fold was not published");
     assert!(read_topic(&tg.dlq, 1, Duration::from_secs(3)).is_empty());
 }
+
+crate::on_every_backend!(
+    edges_wait_for_their_endpoints_until_the_deadline,
+    card_and_unique_are_checked_against_committed_rows,
+);

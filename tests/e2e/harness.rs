@@ -12,7 +12,7 @@ use arrow::array::{Array, RecordBatch, StringArray};
 use futures::TryStreamExt;
 use graphsink::Config;
 use graphsink::Graph;
-use graphsink_testkit::Tansu;
+use graphsink_testkit::{s3, S3Server, Tansu};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -55,6 +55,105 @@ fn start_tansu() -> Broker {
         addr: tansu.bootstrap.clone(),
         _tansu: Some(tansu),
     }
+}
+
+struct S3 {
+    endpoint: String,
+    _moto: Option<S3Server>,
+}
+
+static S3_SERVER: OnceLock<S3> = OnceLock::new();
+
+/// The S3 endpoint (moto, `http://127.0.0.1:PORT`), with the test bucket
+/// created and conditional PUTs proven enforced. Never skips: it uses
+/// GRAPHSINK_TEST_S3, or starts the moto that scripts/test.sh installs, or
+/// fails saying how to get one.
+pub fn s3_endpoint() -> &'static str {
+    &S3_SERVER
+        .get_or_init(|| {
+            let (endpoint, moto) = match std::env::var("GRAPHSINK_TEST_S3") {
+                Ok(e) => (e, None),
+                Err(_) => {
+                    let bin = s3::default_bin();
+                    assert!(
+                        bin.exists(),
+                        "no S3 server for the tests: set GRAPHSINK_TEST_S3=http://host:port, \
+                         or run `bash scripts/test.sh`, which installs and starts moto ({} is missing)",
+                        bin.display()
+                    );
+                    let m = S3Server::start(Some(bin)).unwrap_or_else(|e| panic!("start moto: {e}"));
+                    (m.endpoint.clone(), Some(m))
+                }
+            };
+            s3::create_bucket(&endpoint, s3::TEST_BUCKET).unwrap_or_else(|e| panic!("{e}"));
+            // The suite refuses a server on which Lance would lose commits.
+            s3::check_conditional_puts(&endpoint, s3::TEST_BUCKET)
+                .unwrap_or_else(|e| panic!("{e}"));
+            S3 {
+                endpoint,
+                _moto: moto,
+            }
+        })
+        .endpoint
+}
+
+/// Where a test graph's root lives: the core scenarios run on both.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Backend {
+    /// A directory in the test's temp dir.
+    Local,
+    /// A fresh prefix of the test bucket on the S3 server.
+    S3,
+    /// The same, reached through this endpoint (a fault proxy).
+    S3Via(String),
+}
+
+impl Backend {
+    /// The `[graph]` lines naming the root and how to reach it.
+    fn graph_toml(&self) -> String {
+        let endpoint = match self {
+            Backend::Local => return "root = \"graph\"\n".into(),
+            Backend::S3 => s3_endpoint().to_string(),
+            Backend::S3Via(e) => {
+                s3_endpoint(); // the bucket exists and the server is checked
+                e.clone()
+            }
+        };
+        format!(
+            "root = \"s3://{}/{}\"\n\n[graph.storage_options]\naws_endpoint = \"{endpoint}\"\n\
+             aws_region = \"{}\"\naws_access_key_id = \"{}\"\naws_secret_access_key = \"{}\"\n\
+             aws_allow_http = \"true\"\n",
+            s3::TEST_BUCKET,
+            unique("graph"),
+            s3::REGION,
+            s3::ACCESS_KEY,
+            s3::SECRET_KEY,
+        )
+    }
+}
+
+/// Generates one test per backend from `async fn name(backend: Backend)`:
+/// `local::name` and `s3::name`, so each scenario is written once.
+#[macro_export]
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod local {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::harness::Backend::Local).await
+                }
+            )*
+        }
+        mod s3 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::harness::Backend::S3).await
+                }
+            )*
+        }
+    };
 }
 
 pub fn unique(prefix: &str) -> String {
@@ -247,12 +346,18 @@ impl TestGraph {
     }
 
     pub fn with_schema(schema: &str, mappings: &[&str], extra: &str) -> TestGraph {
+        Self::on(Backend::Local, schema, mappings, extra)
+    }
+
+    /// A graph on `backend`; the config file stays in the temp dir.
+    pub fn on(backend: Backend, schema: &str, mappings: &[&str], extra: &str) -> TestGraph {
         let dir = tempfile::tempdir().expect("temp dir");
         let group = unique("group");
         let topics: Vec<String> = mappings.iter().map(|_| unique("topic")).collect();
         std::fs::write(dir.path().join("graph.pg"), schema).unwrap();
         let mut cfg = format!(
-            "[graph]\nroot = \"graph\"\nschema = \"graph.pg\"\n\n[kafka]\n\"bootstrap.servers\" = \"{}\"\n\"group.id\" = \"{group}\"\n\"session.timeout.ms\" = \"6000\"\n\n{extra}\n",
+            "[graph]\nschema = \"graph.pg\"\n{}\n[kafka]\n\"bootstrap.servers\" = \"{}\"\n\"group.id\" = \"{group}\"\n\"session.timeout.ms\" = \"6000\"\n\n{extra}\n",
+            backend.graph_toml(),
             broker()
         );
         let dlq = unique("dlq");
@@ -285,7 +390,7 @@ impl TestGraph {
     }
 
     pub async fn graph(&self) -> Graph {
-        Graph::open_readonly(self.root()).await.expect("graph")
+        Graph::open_configured(&self.config()).await.expect("graph")
     }
 
     /// Rows of `table` at the head commit: id → the row as JSON.
@@ -316,15 +421,24 @@ impl TestGraph {
     }
 }
 
-/// Reads every row of a table version with plain Lance, independent of
-/// graphsink's own read path.
+/// The latest version of a table, opened with plain Lance (and the root's
+/// storage options), independent of graphsink's own read path.
+pub async fn plain_open(g: &Graph, table: &str) -> lance::Dataset {
+    let uri = g.table_uri(table);
+    lance::dataset::builder::DatasetBuilder::from_uri(&uri)
+        .with_storage_options(g.store().options().clone())
+        .load()
+        .await
+        .unwrap_or_else(|e| panic!("open {uri}: {e}"))
+}
+
+/// Reads every row of a table version with plain Lance.
 pub async fn read_table(
     g: &Graph,
     table: &str,
     version: u64,
 ) -> BTreeMap<String, serde_json::Value> {
-    let uri = g.table_uri(table);
-    let ds = lance::Dataset::open(&uri).await.unwrap();
+    let ds = plain_open(g, table).await;
     let ds = ds.checkout_version(version).await.unwrap();
     let batches: Vec<RecordBatch> = ds
         .scan()

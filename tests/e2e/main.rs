@@ -7,6 +7,7 @@ mod pipeline;
 mod recovery;
 mod rejects;
 mod retention;
+mod storage;
 
 /// Writes the tracing output of in-process runs to the test's stderr.
 pub fn init_logs() {

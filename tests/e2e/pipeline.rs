@@ -80,10 +80,9 @@ async fn run_to_end(tg: &TestGraph) -> graphsink::RunSummary {
     try_run_to_end(tg).await.expect("run succeeds")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_types_last_write_wins_with_deletes_and_offsets() {
+async fn two_types_last_write_wins_with_deletes_and_offsets(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::new(
+    let tg = TestGraph::on(backend, SCHEMA, 
         &[
             "node = \"Person\"",
             "node = \"Company\"\nkey = \"kafka\"",
@@ -212,10 +211,9 @@ async fn two_types_last_write_wins_with_deletes_and_offsets() {
 /// Holds durability back with a long WAL flush interval: records are
 /// consumed and written, but the committed offset must stay behind until
 /// the WAL entry lands. Then the live fold loop publishes them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn committed_offset_never_passes_durability() {
+async fn committed_offset_never_passes_durability(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::new(
+    let tg = TestGraph::on(backend, SCHEMA, 
         &["node = \"Person\""],
         "[wal]\nflush_interval = \"20s\"\nbuckets = 2\n[offsets]\ncommit_interval = \"100ms\"\n[fold]\ninterval = \"25s\"",
     );
@@ -270,10 +268,9 @@ async fn committed_offset_never_passes_durability() {
     assert_rows(&tg.rows("nodes/Person").await, &w.expected, topic);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_from_the_beginning_changes_nothing() {
+async fn replay_from_the_beginning_changes_nothing(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::new(&["node = \"Person\""], "[fold]\ninterval = \"0s\"");
+    let tg = TestGraph::on(backend, SCHEMA, &["node = \"Person\""], "[fold]\ninterval = \"0s\"");
     let topic = &tg.topics[0];
     create_topic(topic, 2).await;
     let w = people(60, 15, 2);
@@ -298,10 +295,9 @@ async fn replay_from_the_beginning_changes_nothing() {
 
 /// Another process claiming the shards fences the running connector: it
 /// stops with an error naming the shard, and acks nothing after the fence.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fenced_connector_stops_and_acks_nothing_more() {
+async fn a_fenced_connector_stops_and_acks_nothing_more(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::new(
+    let tg = TestGraph::on(backend, SCHEMA, 
         &["node = \"Person\""],
         "[fold]\ninterval = \"0s\"\n[wal]\nbuckets = 1\n[offsets]\ncommit_interval = \"100ms\"",
     );
@@ -598,7 +594,7 @@ async fn many_folds_keep_tables_compacted() {
     task.await.unwrap().expect("clean stop");
     let g = tg.graph().await;
     for table in ["nodes/Person", "__manifest"] {
-        let ds = lance::Dataset::open(&g.table_uri(table)).await.unwrap();
+        let ds = plain_open(&g, table).await;
         let n = ds.get_fragments().len();
         assert!(
             n <= graphsink::testing::COMPACT_FRAGMENTS + 1,
@@ -610,3 +606,10 @@ async fn many_folds_keep_tables_compacted() {
     run_to_end(&tg).await;
     assert_eq!(tg.rows("nodes/Person").await.len(), folds);
 }
+
+crate::on_every_backend!(
+    two_types_last_write_wins_with_deletes_and_offsets,
+    committed_offset_never_passes_durability,
+    replay_from_the_beginning_changes_nothing,
+    a_fenced_connector_stops_and_acks_nothing_more,
+);

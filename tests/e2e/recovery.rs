@@ -11,10 +11,9 @@ use serde_json::json;
 use crate::harness::*;
 use crate::pipeline::people;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_after_ack_before_fold_loses_and_duplicates_nothing() {
+async fn kill_9_after_ack_before_fold_loses_and_duplicates_nothing(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::new(
+    let tg = TestGraph::on(backend, SCHEMA, 
         &["node = \"Person\""],
         "[fold]\ninterval = \"0s\"\n[offsets]\ncommit_interval = \"100ms\"",
     );
@@ -82,10 +81,9 @@ async fn kill_9_after_ack_before_fold_loses_and_duplicates_nothing() {
 /// Crashes the real `graphsink fold` at both of its windows (between the
 /// delete and upsert passes; after all table commits, before the publish),
 /// then checks the next start rolls the same fold forward to one commit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fold_crash_windows_roll_forward_to_one_commit() {
+async fn fold_crash_windows_roll_forward_to_one_commit(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::new(
+    let tg = TestGraph::on(backend, SCHEMA, 
         &["node = \"Person\""],
         "[fold]\ninterval = \"0s\"\non_shutdown = false",
     );
@@ -115,9 +113,7 @@ async fn fold_crash_windows_roll_forward_to_one_commit() {
         assert!(!out.status.success(), "failpoint {fp} did not fire");
         let head = g.head().await.unwrap();
         assert_eq!(head.seq, 1, "nothing published after crashing at {fp}");
-        let latest = lance::Dataset::open(&g.table_uri("nodes/Person"))
-            .await
-            .unwrap();
+        let latest = plain_open(&g, "nodes/Person").await;
         assert!(
             latest.version().version > pinned,
             "{fp}: a table commit preceded the crash"
@@ -170,9 +166,8 @@ fn child_of(parent: &GraphCommit, actor: &str) -> GraphCommit {
 
 /// Two publishers read the same head; the second to commit must lose
 /// cleanly (no overwrite) and succeed after rebasing on the new head.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn racing_publishers_one_wins_the_other_retries() {
-    let tg = TestGraph::new(&["node = \"Person\""], "");
+async fn racing_publishers_one_wins_the_other_retries(backend: Backend) {
+    let tg = TestGraph::on(backend, SCHEMA, &["node = \"Person\""], "");
     let g = local_graph(&tg).await;
     let head = g.head().await.unwrap();
     let v = graphsink::testing::manifest_version(&g).await.unwrap();
@@ -477,3 +472,9 @@ async fn a_fold_on_a_moved_head_rebases_only_if_its_checks_agree() {
     );
     assert_eq!(g.head().await.unwrap().id, older.id, "nothing published");
 }
+
+crate::on_every_backend!(
+    kill_9_after_ack_before_fold_loses_and_duplicates_nothing,
+    fold_crash_windows_roll_forward_to_one_commit,
+    racing_publishers_one_wins_the_other_retries,
+);

@@ -26,10 +26,9 @@ node Tag { label: String @key }
 /// The hostile corpus: each bad record gives exactly one reject with its
 /// code, in both sinks, with the original bytes and headers; the good ones
 /// land; every offset is committed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hostile_corpus_is_rejected_record_by_record_in_both_sinks() {
+async fn a_hostile_corpus_is_rejected_record_by_record_in_both_sinks(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::with_schema(
+    let tg = TestGraph::on(backend, 
         CORPUS_SCHEMA,
         &[
             "node = \"Person\"",
@@ -321,9 +320,8 @@ async fn a_broken_dead_letter_topic_loses_no_reject() {
 
 /// A crash after the fold's publish and before its dead-letter produce:
 /// the restart re-delivers the fold reject (at least once, same reject_id).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_between_publish_and_dead_letter_redelivers() {
-    let tg = TestGraph::with_schema(
+async fn a_crash_between_publish_and_dead_letter_redelivers(backend: Backend) {
+    let tg = TestGraph::on(backend, 
         "node Person { name: String @key }\nedge Likes: Person -> Person",
         &[
             "node = \"Person\"",
@@ -418,3 +416,8 @@ async fn the_reject_rate_breaker_pauses_fetching() {
     task.await.unwrap().expect("clean stop");
     assert_eq!(rejects_at_head(&tg).await.len(), 5);
 }
+
+crate::on_every_backend!(
+    a_hostile_corpus_is_rejected_record_by_record_in_both_sinks,
+    a_crash_between_publish_and_dead_letter_redelivers,
+);

@@ -88,7 +88,9 @@ async fn scan_generations(graph: &Graph, tp: &TablePlan) -> Result<Vec<RecordBat
                 s.shard,
                 path
             );
-            let gen = Dataset::open(&uri)
+            let gen = graph
+                .store()
+                .open(&uri)
                 .await
                 .ctx(format!("open generation {uri}"))?;
             let mut got: Vec<RecordBatch> = gen

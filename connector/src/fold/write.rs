@@ -25,6 +25,7 @@ use super::rows::pk_of;
 use crate::error::{Context, Result};
 use crate::failpoints;
 use crate::graph::{Graph, TableStats};
+use crate::store::Store;
 use crate::offsets::WrittenSpans;
 use crate::rejects::{self, Reject};
 use crate::schema::{Provenance, REJECTS_TABLE};
@@ -113,6 +114,7 @@ pub(crate) async fn write_all(
 /// One table's writes: what every pass shares.
 struct TableWrite<'a> {
     table: &'a str,
+    store: &'a Store,
     pk: &'static str,
     plan_json: String,
     markers: Vec<CompactedSsTable>,
@@ -139,6 +141,7 @@ async fn write_table(
     }
     let w = TableWrite {
         table,
+        store: graph.store(),
         pk: pk_of(&graph.schema, table)?,
         plan_json: serde_json::to_string(plan).expect("serializable"),
         markers: tp
@@ -176,9 +179,8 @@ impl TableWrite<'_> {
             ..Default::default()
         };
         let params = WriteParams {
-            mode: WriteMode::Overwrite,
             transaction_properties: Some(Arc::new(pass_properties(&self.plan_json, &pass))),
-            ..Default::default()
+            ..self.store.write_params(WriteMode::Overwrite)
         };
         let written = InsertBuilder::new(ds)
             .with_params(&params)

@@ -49,14 +49,14 @@ pub async fn fold_offline(config: &Config) -> Result<Option<GraphCommit>> {
 /// nothing and reports what it would delete. Safe against a running
 /// connector: it claims no shard (docs/retention.md).
 pub async fn gc(config: &Config, dry_run: bool) -> Result<GcReport> {
-    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let graph = Graph::open_configured(config).await?;
     let window = (&config.retention).into();
     retention::collect(&graph, &window, &Default::default(), dry_run).await
 }
 
 /// Graph commits, newest first, at most `limit`.
 pub async fn commits(config: &Config, limit: usize) -> Result<Vec<GraphCommit>> {
-    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let graph = Graph::open_configured(config).await?;
     Ok(graph.commits().await?.into_iter().take(limit).collect())
 }
 
@@ -78,7 +78,7 @@ pub struct Snapshot {
 
 /// Row counts per table at the head, or at `commit`.
 pub async fn snapshot(config: &Config, commit: Option<&str>) -> Result<Snapshot> {
-    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let graph = Graph::open_configured(config).await?;
     let commit = match commit {
         Some(id) => graph.commit(id).await?,
         None => graph.head().await?,

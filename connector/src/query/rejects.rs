@@ -50,7 +50,7 @@ fn sql_timestamp(ms: i64) -> String {
 /// The rejects at the head commit that match `filter`, oldest first (by
 /// `rejected_at`, then source coordinates).
 pub async fn select(config: &Config, filter: &RejectFilter) -> Result<Vec<Reject>> {
-    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let graph = Graph::open_configured(config).await?;
     let head = graph.head().await?;
     select_at(&graph, &head, filter).await
 }

@@ -76,7 +76,7 @@ impl KafkaStatus {
 
 /// The head commit, its deferred edges and its reject count.
 pub async fn graph_status(config: &Config) -> Result<GraphStatus> {
-    let graph = Graph::open_readonly(config.root_uri()).await?;
+    let graph = Graph::open_configured(config).await?;
     let head = graph.head().await?;
     let now = now_ms();
     let mut pending = Vec::new();

@@ -1,0 +1,93 @@
+//! How a graph root's object store is reached: the configured Lance storage
+//! options, and one store registry shared by every open of the root, so all
+//! tables, shards and generations reuse one client (connection pool,
+//! resolved credentials) instead of building one per open. A local root
+//! needs no options; the same code serves `s3://`, `gs://` and `az://`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use lance::dataset::builder::DatasetBuilder;
+use lance::dataset::{WriteMode, WriteParams};
+use lance::io::{ObjectStoreParams, ObjectStoreRegistry, StorageOptionsAccessor};
+use lance::session::Session;
+use lance::Dataset;
+
+use crate::config::StorageOptions;
+
+#[derive(Clone)]
+pub struct Store {
+    options: Arc<HashMap<String, String>>,
+    registry: Arc<ObjectStoreRegistry>,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store::new(&StorageOptions::default())
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = StorageOptions(
+            self.options
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        );
+        f.debug_struct("Store").field("options", &shown).finish()
+    }
+}
+
+impl Store {
+    pub fn new(options: &StorageOptions) -> Store {
+        Store {
+            options: Arc::new(options.0.clone().into_iter().collect()),
+            registry: Arc::new(ObjectStoreRegistry::default()),
+        }
+    }
+
+    /// The options as Lance takes them (for readers outside graphsink that
+    /// open the same root, e.g. tests reading with plain Lance).
+    pub fn options(&self) -> &HashMap<String, String> {
+        &self.options
+    }
+
+    /// A session per open keeps Lance's caches per handle, as before, while
+    /// the registry (and so the client) is shared.
+    fn session(&self) -> Arc<Session> {
+        Arc::new(Session::new(
+            lance::dataset::DEFAULT_INDEX_CACHE_SIZE,
+            lance::dataset::DEFAULT_METADATA_CACHE_SIZE,
+            self.registry.clone(),
+        ))
+    }
+
+    fn params(&self) -> ObjectStoreParams {
+        ObjectStoreParams {
+            storage_options_accessor: Some(Arc::new(StorageOptionsAccessor::with_static_options(
+                (*self.options).clone(),
+            ))),
+            ..Default::default()
+        }
+    }
+
+    /// Opens the latest version of the dataset at `uri`.
+    pub async fn open(&self, uri: &str) -> lance::Result<Dataset> {
+        DatasetBuilder::from_uri(uri)
+            .with_store_params(self.params())
+            .with_session(self.session())
+            .load()
+            .await
+    }
+
+    /// Write parameters that reach the same store.
+    pub fn write_params(&self, mode: WriteMode) -> WriteParams {
+        WriteParams {
+            mode,
+            store_params: Some(self.params()),
+            session: Some(self.session()),
+            ..Default::default()
+        }
+    }
+}
