@@ -817,9 +817,9 @@ node = "Person"
     #[test]
     fn storage_options_expand_and_never_show_secrets() {
         std::env::set_var("GS_TEST_SECRET_KEY", "s3cr3t-value-42");
-        let t = MIN.replace(
-            "root = \"data/graph\"",
-            "root = \"s3://bucket/prefix\"\n[graph.storage_options]\n\
+        let t = MIN.replace("data/graph", "s3://bucket/prefix").replace(
+            "schema = \"social.pg\"",
+            "schema = \"social.pg\"\n[graph.storage_options]\n\
              aws_endpoint = \"http://127.0.0.1:9000\"\n\
              aws_secret_access_key = \"${GS_TEST_SECRET_KEY}\"\n\
              aws_session_token = \"tok-123\"",

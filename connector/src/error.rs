@@ -165,32 +165,45 @@ fn passing_lance_failure(e: &lance::Error) -> bool {
     }
     match e {
         L::Timeout { .. } | L::TooMuchWriteContention { .. } => true,
-        L::IO { source, .. } => passing_io_failure(source.as_ref()),
+        L::IO { source, .. } => typed_io_failure(source.as_ref())
+            .unwrap_or_else(|| stringified_store_failure(&e.to_string())),
         _ => e.is_backpressure(),
     }
 }
 
-/// Walks the source chain to the object-store or OS error at its root.
-fn passing_io_failure(mut e: &(dyn std::error::Error + 'static)) -> bool {
+/// Walks the source chain to the object-store or OS error at its root, if
+/// it is still typed there.
+fn typed_io_failure(mut e: &(dyn std::error::Error + 'static)) -> Option<bool> {
     loop {
         if let Some(os) = e.downcast_ref::<object_store::Error>() {
-            return matches!(
+            return Some(matches!(
                 os,
                 object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
-            );
+            ));
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return io.kind() != std::io::ErrorKind::PermissionDenied
-                && io.kind() != std::io::ErrorKind::NotFound;
+            return Some(
+                io.kind() != std::io::ErrorKind::PermissionDenied
+                    && io.kind() != std::io::ErrorKind::NotFound,
+            );
         }
         if let Some(l) = e.downcast_ref::<lance::Error>() {
-            return passing_lance_failure(l);
+            return Some(passing_lance_failure(l));
         }
-        match e.source() {
-            Some(next) => e = next,
-            None => return false,
-        }
+        e = e.source()?;
     }
+}
+
+/// Parts of Lance (the MemWAL manifest store, for one) format the store's
+/// error into their message, dropping its type. object_store's `Display`
+/// is stable: `Generic <store> error: ...` for request failures after its
+/// retries, distinct wording for refusals.
+fn stringified_store_failure(text: &str) -> bool {
+    static GENERIC: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let generic = GENERIC.get_or_init(|| regex::Regex::new(r"Generic \w+ error:").expect("regex"));
+    generic.is_match(text)
+        && !text.contains("lacked the necessary privileges")
+        && !text.contains("lacked valid authentication")
 }
 
 /// Adds context to Lance and Arrow results without a closure at every call.
@@ -258,6 +271,25 @@ mod tests {
         };
         assert!(wal.is_passing_storage_failure());
         assert!(!Error::Corrupt("x".into()).is_passing_storage_failure());
+        // As the MemWAL manifest store reports a list that failed: the
+        // store's error only as text.
+        let text = lance::Error::io(
+            "Failed to list manifest versions for shard s: Generic S3 error: Error \
+             performing list request: ... after 3 retries - HTTP error: error sending request",
+        );
+        let text = Error::Lance {
+            context: "freeze".into(),
+            source: text,
+        };
+        assert!(text.is_passing_storage_failure());
+        let refused = lance::Error::io(
+            "Failed to list: The operation lacked valid authentication credentials for path p",
+        );
+        let refused = Error::Lance {
+            context: "freeze".into(),
+            source: refused,
+        };
+        assert!(!refused.is_passing_storage_failure());
         let fenced = Error::Fenced {
             table: "nodes/A".into(),
             bucket: 0,

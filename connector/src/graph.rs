@@ -14,7 +14,7 @@ use arrow::array::{
 use arrow_schema::Schema;
 use futures::TryStreamExt;
 use lance::dataset::mem_wal::DatasetMemWalExt;
-use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode, WriteParams};
+use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode};
 use lance::Dataset;
 use serde::{Deserialize, Serialize};
 

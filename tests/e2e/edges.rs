@@ -55,7 +55,8 @@ edge In: Person -> Slot { @unique(src, dst) }
 /// refuses at once; ids follow the mapping; a tombstone deletes by id.
 async fn edges_wait_for_their_endpoints_until_the_deadline(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::on(backend, 
+    let tg = TestGraph::on(
+        backend,
         SCHEMA,
         &[
             "node = \"Person\"",
@@ -209,7 +210,7 @@ async fn edges_wait_for_their_endpoints_until_the_deadline(backend: Backend) {
 /// across committed rows; the violating rows are fold rejects.
 async fn card_and_unique_are_checked_against_committed_rows(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::on(backend, 
+    let tg = TestGraph::on(backend,
         "node Person { name: String @key  email: String? @unique }\nedge Manager: Person -> Person @card(0..1)",
         &["node = \"Person\"", "edge = \"Manager\"\nkey = \"kafka\""],
         "",

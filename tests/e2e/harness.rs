@@ -385,10 +385,6 @@ impl TestGraph {
         Config::load(&self.config_path()).expect("config")
     }
 
-    pub fn root(&self) -> String {
-        self.config().root_uri()
-    }
-
     pub async fn graph(&self) -> Graph {
         Graph::open_configured(&self.config()).await.expect("graph")
     }

@@ -82,7 +82,9 @@ async fn run_to_end(tg: &TestGraph) -> graphsink::RunSummary {
 
 async fn two_types_last_write_wins_with_deletes_and_offsets(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::on(backend, SCHEMA, 
+    let tg = TestGraph::on(
+        backend,
+        SCHEMA,
         &[
             "node = \"Person\"",
             "node = \"Company\"\nkey = \"kafka\"",
@@ -213,7 +215,7 @@ async fn two_types_last_write_wins_with_deletes_and_offsets(backend: Backend) {
 /// the WAL entry lands. Then the live fold loop publishes them.
 async fn committed_offset_never_passes_durability(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::on(backend, SCHEMA, 
+    let tg = TestGraph::on(backend, SCHEMA,
         &["node = \"Person\""],
         "[wal]\nflush_interval = \"20s\"\nbuckets = 2\n[offsets]\ncommit_interval = \"100ms\"\n[fold]\ninterval = \"25s\"",
     );
@@ -270,7 +272,12 @@ async fn committed_offset_never_passes_durability(backend: Backend) {
 
 async fn replay_from_the_beginning_changes_nothing(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::on(backend, SCHEMA, &["node = \"Person\""], "[fold]\ninterval = \"0s\"");
+    let tg = TestGraph::on(
+        backend,
+        SCHEMA,
+        &["node = \"Person\""],
+        "[fold]\ninterval = \"0s\"",
+    );
     let topic = &tg.topics[0];
     create_topic(topic, 2).await;
     let w = people(60, 15, 2);
@@ -297,7 +304,9 @@ async fn replay_from_the_beginning_changes_nothing(backend: Backend) {
 /// stops with an error naming the shard, and acks nothing after the fence.
 async fn a_fenced_connector_stops_and_acks_nothing_more(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::on(backend, SCHEMA, 
+    let tg = TestGraph::on(
+        backend,
+        SCHEMA,
         &["node = \"Person\""],
         "[fold]\ninterval = \"0s\"\n[wal]\nbuckets = 1\n[offsets]\ncommit_interval = \"100ms\"",
     );

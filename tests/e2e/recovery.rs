@@ -13,7 +13,9 @@ use crate::pipeline::people;
 
 async fn kill_9_after_ack_before_fold_loses_and_duplicates_nothing(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::on(backend, SCHEMA, 
+    let tg = TestGraph::on(
+        backend,
+        SCHEMA,
         &["node = \"Person\""],
         "[fold]\ninterval = \"0s\"\n[offsets]\ncommit_interval = \"100ms\"",
     );
@@ -83,7 +85,9 @@ async fn kill_9_after_ack_before_fold_loses_and_duplicates_nothing(backend: Back
 /// then checks the next start rolls the same fold forward to one commit.
 async fn fold_crash_windows_roll_forward_to_one_commit(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::on(backend, SCHEMA, 
+    let tg = TestGraph::on(
+        backend,
+        SCHEMA,
         &["node = \"Person\""],
         "[fold]\ninterval = \"0s\"\non_shutdown = false",
     );

@@ -28,7 +28,8 @@ node Tag { label: String @key }
 /// land; every offset is committed.
 async fn a_hostile_corpus_is_rejected_record_by_record_in_both_sinks(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::on(backend, 
+    let tg = TestGraph::on(
+        backend,
         CORPUS_SCHEMA,
         &[
             "node = \"Person\"",
@@ -321,7 +322,8 @@ async fn a_broken_dead_letter_topic_loses_no_reject() {
 /// A crash after the fold's publish and before its dead-letter produce:
 /// the restart re-delivers the fold reject (at least once, same reject_id).
 async fn a_crash_between_publish_and_dead_letter_redelivers(backend: Backend) {
-    let tg = TestGraph::on(backend, 
+    let tg = TestGraph::on(
+        backend,
         "node Person { name: String @key }\nedge Likes: Person -> Person",
         &[
             "node = \"Person\"",

@@ -72,10 +72,17 @@ async fn latency_and_5xx_are_retried_and_nothing_is_lost() {
     create_topic(topic, 2).await;
     let w = people(200, 60, 2);
     produce(topic, &w.recs).await;
-    proxy.add(rule("PUT", "", Fault::Delay(Duration::from_millis(30)), None));
+    // The first matching rule with uses left applies: faults first, then
+    // latency on every other write.
     let before = proxy.add(rule("PUT", "/wal/", Fault::StatusBefore(503), Some(3)));
     let after = proxy.add(rule("PUT", "/wal/", Fault::StatusAfter(500), Some(2)));
     let data = proxy.add(rule("PUT", "/data/", Fault::StatusBefore(503), Some(2)));
+    proxy.add(rule(
+        "PUT",
+        "",
+        Fault::Delay(Duration::from_millis(30)),
+        None,
+    ));
     let summary = try_run_to_end(&tg).await.expect("a run through 5xx");
     assert_eq!(summary.records as usize, w.recs.len());
     let fold = tg.cli(&["fold"], &[]);
@@ -198,7 +205,9 @@ async fn an_outage_pauses_ingest_and_acks_nothing_until_it_ends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_manifest_commit_reply_never_double_commits() {
     crate::init_logs();
-    let (proxy, tg) = proxied_graph("[fold]\ninterval = \"0s\"\n[wal]\nbuckets = 1");
+    // No fold at all in the run: the one fold is the faulted one.
+    let (proxy, tg) =
+        proxied_graph("[fold]\ninterval = \"0s\"\non_shutdown = false\n[wal]\nbuckets = 1");
     let topic = &tg.topics[0];
     create_topic(topic, 1).await;
     let w = people(50, 20, 1);
@@ -211,7 +220,18 @@ async fn a_lost_manifest_commit_reply_never_double_commits() {
         Some(1),
     ));
     let out = tg.cli(&["fold"], &[]);
-    assert_eq!(proxy.hits(lost), 1, "the fault fired");
+    let puts: Vec<String> = proxy
+        .log()
+        .into_iter()
+        .filter(|e| e.method == "PUT" && e.path.contains("__manifest"))
+        .map(|e| e.path)
+        .collect();
+    assert_eq!(proxy.hits(lost), 1, "the fault fired: {puts:#?}");
+    eprintln!(
+        "fold with a lost manifest reply: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     if !out.status.success() {
         // The fold may report the lost reply; the next start settles it.
         let again = tg.cli(&["fold"], &[]);
@@ -234,7 +254,10 @@ async fn credentials_never_appear_in_errors_or_logs() {
     let secret = "do-not-print-0xC0FFEE";
     let path = tg.config_path();
     let cfg = std::fs::read_to_string(&path).unwrap().replace(
-        &format!("aws_secret_access_key = \"{}\"", graphsink_testkit::s3::SECRET_KEY),
+        &format!(
+            "aws_secret_access_key = \"{}\"",
+            graphsink_testkit::s3::SECRET_KEY
+        ),
         "aws_secret_access_key = \"${GS_TEST_SECRET}\"",
     );
     // An endpoint nobody listens on: the command fails while connecting.
@@ -254,7 +277,10 @@ async fn credentials_never_appear_in_errors_or_logs() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(all.contains("127.0.0.1:9"), "the error names the store: {all}");
+    assert!(
+        all.contains("127.0.0.1:9"),
+        "the error names the store: {all}"
+    );
     assert!(!all.contains(secret), "the secret leaked: {all}");
 }
 

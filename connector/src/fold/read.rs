@@ -9,7 +9,6 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow_schema::{Schema, SchemaRef};
 use futures::TryStreamExt;
-use lance::Dataset;
 
 use super::plan::{FoldPlan, TablePlan};
 use super::rows::{pk_of, str_at, strings};

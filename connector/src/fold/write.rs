@@ -25,10 +25,10 @@ use super::rows::pk_of;
 use crate::error::{Context, Result};
 use crate::failpoints;
 use crate::graph::{Graph, TableStats};
-use crate::store::Store;
 use crate::offsets::WrittenSpans;
 use crate::rejects::{self, Reject};
 use crate::schema::{Provenance, REJECTS_TABLE};
+use crate::store::Store;
 use crate::types::OffsetRange;
 
 /// The fold plan, in every table commit of the fold (what `recover` reads).
