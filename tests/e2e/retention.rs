@@ -82,39 +82,76 @@ async fn fold(g: &Graph, pool: &ShardPool) -> GraphCommit {
     testing::execute(g, &policies, &plan).await.unwrap().commit
 }
 
-fn shard_dir(g: &Graph, table: &str, bucket: u32) -> PathBuf {
-    PathBuf::from(g.table_uri(table))
+/// `_mem_wal/<shard>/` of a table and its store, as graphsink reaches them.
+async fn shard_dir(
+    g: &Graph,
+    table: &str,
+    bucket: u32,
+) -> (
+    std::sync::Arc<lance::io::ObjectStore>,
+    object_store::path::Path,
+) {
+    let ds = g.open_table(table, None).await.unwrap();
+    let store = ds.object_store(None).await.unwrap();
+    let shard = testing::shard_id(table, bucket).to_string();
+    let dir = ds
+        .branch_location()
+        .path
         .join("_mem_wal")
-        .join(testing::shard_id(table, bucket).to_string())
+        .join(shard.as_str());
+    (store, dir)
 }
 
-/// WAL positions on disk (landed entries only).
-fn wal_positions(g: &Graph, table: &str, bucket: u32) -> BTreeSet<u64> {
-    let dir = shard_dir(g, table, bucket).join("wal");
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return BTreeSet::new();
-    };
-    rd.filter_map(|e| {
-        let name = e.ok()?.file_name().into_string().ok()?;
-        let stem = name.strip_suffix(".arrow")?;
-        Some(u64::from_str_radix(stem, 2).ok()?.reverse_bits())
-    })
-    .collect()
+/// Files under `_mem_wal/<shard>/`, by path below it, listed through the
+/// graph's object store (so the same test runs on an `s3://` root).
+async fn shard_files(
+    g: &Graph,
+    table: &str,
+    bucket: u32,
+) -> Vec<(String, object_store::path::Path)> {
+    use futures::TryStreamExt;
+    let (store, dir) = shard_dir(g, table, bucket).await;
+    let listed: Vec<_> = store.list(Some(dir.clone())).try_collect().await.unwrap();
+    listed
+        .into_iter()
+        .map(|m| {
+            let rel: Vec<String> = m
+                .location
+                .prefix_match(&dir)
+                .unwrap()
+                .map(|p| p.as_ref().to_string())
+                .collect();
+            (rel.join("/"), m.location)
+        })
+        .collect()
 }
 
-/// Generations with a directory on disk.
-fn generation_dirs(g: &Graph, table: &str, bucket: u32) -> BTreeSet<u64> {
-    std::fs::read_dir(shard_dir(g, table, bucket))
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().into_string().ok()?;
-            name.split_once("_gen_")?.1.parse().ok()
+/// WAL positions of landed entries.
+async fn wal_positions(g: &Graph, table: &str, bucket: u32) -> BTreeSet<u64> {
+    shard_files(g, table, bucket)
+        .await
+        .into_iter()
+        .filter_map(|(rel, _)| {
+            let stem = rel.strip_prefix("wal/")?.strip_suffix(".arrow")?;
+            Some(u64::from_str_radix(stem, 2).ok()?.reverse_bits())
+        })
+        .collect()
+}
+
+/// Generations with files on storage.
+async fn generation_dirs(g: &Graph, table: &str, bucket: u32) -> BTreeSet<u64> {
+    shard_files(g, table, bucket)
+        .await
+        .into_iter()
+        .filter_map(|(rel, _)| {
+            let first = rel.split('/').next()?;
+            first.split_once("_gen_")?.1.parse().ok()
         })
         .collect()
 }
 
 async fn shard_manifest(g: &Graph, table: &str, bucket: u32) -> ShardManifest {
-    let ds = lance::Dataset::open(&g.table_uri(table)).await.unwrap();
+    let ds = g.open_table(table, None).await.unwrap();
     let store = ds.object_store(None).await.unwrap();
     ShardManifestStore::new(
         store,
@@ -137,10 +174,11 @@ fn ages(rows: &BTreeMap<String, Value>) -> BTreeMap<String, i64> {
 /// GC deletes the WAL below the replay mark but keeps the newest entry;
 /// a crash after it, a restart, more acked rows, a second crash and
 /// restart still replay every acked row that was never flushed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_keeps_the_newest_wal_entry_and_replay_finds_every_acked_row() {
+async fn gc_keeps_the_newest_wal_entry_and_replay_finds_every_acked_row(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::new(
+    let tg = TestGraph::on(
+        backend,
+        SCHEMA,
         &["node = \"Person\""],
         "[wal]\nbuckets = 1\n[retention]\nkeep_commits = 1\nkeep_for = \"0s\"",
     );
@@ -165,7 +203,7 @@ async fn gc_keeps_the_newest_wal_entry_and_replay_finds_every_acked_row() {
     want.insert("p0".into(), 999);
     want.insert("p9".into(), 9);
 
-    let before = wal_positions(&g, PERSON, 0);
+    let before = wal_positions(&g, PERSON, 0).await;
     let mark = shard_manifest(&g, PERSON, 0)
         .await
         .replay_after_wal_entry_position;
@@ -175,7 +213,7 @@ async fn gc_keeps_the_newest_wal_entry_and_replay_finds_every_acked_row() {
         "WAL {before:?}, mark {mark}: little to collect"
     );
     let report = graphsink::gc(&cfg, false).await.unwrap();
-    let after = wal_positions(&g, PERSON, 0);
+    let after = wal_positions(&g, PERSON, 0).await;
     assert_eq!(report.tables[PERSON].wal.count, below.len() as u64);
     assert_eq!(
         after,
@@ -191,7 +229,7 @@ async fn gc_keeps_the_newest_wal_entry_and_replay_finds_every_acked_row() {
         "the folded generation is trimmed: {:?}",
         marker.sstables
     );
-    assert!(generation_dirs(&g, PERSON, 0).is_empty());
+    assert!(generation_dirs(&g, PERSON, 0).await.is_empty());
 
     // Crash (no close, no flush), restart, ack more, crash, restart.
     drop(pool);
@@ -242,8 +280,13 @@ async fn zombie_write(a: &ShardPool, dec: &mut RecordDecoder, topic: &str, offse
 /// this runs `clear` on the WAL after a fold, then lets writer B claim the
 /// shard while writer A still writes. Returns whether A's row was acked,
 /// and whether it survived B's fold and a restart.
-async fn fence_after(clear: impl AsyncFnOnce(&TestGraph, &Graph)) -> (bool, bool) {
-    let tg = TestGraph::new(
+async fn fence_after(
+    backend: Backend,
+    clear: impl AsyncFnOnce(&TestGraph, &Graph),
+) -> (bool, bool) {
+    let tg = TestGraph::on(
+        backend,
+        SCHEMA,
         &["node = \"Person\""],
         "[wal]\nbuckets = 1\n[retention]\nkeep_commits = 1\nkeep_for = \"0s\"",
     );
@@ -299,15 +342,17 @@ async fn fence_after(clear: impl AsyncFnOnce(&TestGraph, &Graph)) -> (bool, bool
 /// past it, no restart replays it. An acked row is lost. (B's own appends
 /// are fine: Lance starts them after the replay mark.) If Lance ever
 /// fences another way, this test fails and the rule can be relaxed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_emptied_wal_dir_lets_a_fenced_writer_ack_a_row_that_is_lost() {
+async fn an_emptied_wal_dir_lets_a_fenced_writer_ack_a_row_that_is_lost(backend: Backend) {
     crate::init_logs();
-    let (acked, kept) = fence_after(async |tg, g| {
+    let (acked, kept) = fence_after(backend, async |tg, g| {
         let _ = tg;
-        let wal = shard_dir(g, PERSON, 0).join("wal");
-        for e in std::fs::read_dir(&wal).unwrap() {
-            std::fs::remove_file(e.unwrap().path()).unwrap();
+        let (store, _) = shard_dir(g, PERSON, 0).await;
+        for (rel, path) in shard_files(g, PERSON, 0).await {
+            if rel.starts_with("wal/") {
+                store.delete(&path).await.unwrap();
+            }
         }
+        assert!(wal_positions(g, PERSON, 0).await.is_empty());
     })
     .await;
     assert!(acked, "the predecessor was fenced after all");
@@ -316,13 +361,12 @@ async fn an_emptied_wal_dir_lets_a_fenced_writer_ack_a_row_that_is_lost() {
 
 /// The same after `graphsink gc`: the newest entry stays, B's sentinel
 /// takes A's next slot, and A's write fails as fenced instead of acking.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_gc_a_new_writer_still_fences_the_old_one() {
+async fn after_gc_a_new_writer_still_fences_the_old_one(backend: Backend) {
     crate::init_logs();
-    let (acked, kept) = fence_after(async |tg, g| {
+    let (acked, kept) = fence_after(backend, async |tg, g| {
         let report = graphsink::gc(&tg.config(), false).await.unwrap();
         assert!(report.tables[PERSON].wal.count > 0, "{report:?}");
-        assert!(!wal_positions(g, PERSON, 0).is_empty());
+        assert!(!wal_positions(g, PERSON, 0).await.is_empty());
     })
     .await;
     assert!(!acked, "the fenced writer acked a row");
@@ -333,10 +377,11 @@ async fn after_gc_a_new_writer_still_fences_the_old_one() {
 /// writer's own store, and by compare-and-swap from `graphsink gc` while
 /// the writer runs. The writer's next flush builds on the trimmed list,
 /// and a writer fenced by a newer one leaves its shard untouched.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn trims_keep_the_writer_working_and_its_next_flush_keeps_them() {
+async fn trims_keep_the_writer_working_and_its_next_flush_keeps_them(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::new(
+    let tg = TestGraph::on(
+        backend,
+        SCHEMA,
         &["node = \"Person\""],
         "[wal]\nbuckets = 1\n[retention]\nkeep_commits = 1\nkeep_for = \"0s\"",
     );
@@ -374,7 +419,7 @@ async fn trims_keep_the_writer_working_and_its_next_flush_keeps_them() {
     let gens: Vec<u64> = m.sstables.iter().map(|s| s.generation).collect();
     assert_eq!(gens, vec![unfolded]);
     assert_eq!(
-        generation_dirs(&g, PERSON, 0),
+        generation_dirs(&g, PERSON, 0).await,
         BTreeSet::from([unfolded]),
         "folded generations are gone, the unfolded one stays"
     );
@@ -399,10 +444,10 @@ async fn trims_keep_the_writer_working_and_its_next_flush_keeps_them() {
     let r = testing::collect_garbage(&g, &window, &pool).await.unwrap();
     assert_eq!(r.tables[PERSON].trimmed, 0, "{r:?}");
     assert_eq!(r.tables[PERSON].generations.count, 0, "{r:?}");
-    assert!(generation_dirs(&g, PERSON, 0).contains(&unfolded));
+    assert!(generation_dirs(&g, PERSON, 0).await.contains(&unfolded));
     let r = testing::collect_garbage(&g, &window, &newer).await.unwrap();
     assert_eq!(r.tables[PERSON].trimmed, 2, "{r:?}");
-    assert!(generation_dirs(&g, PERSON, 0).is_empty());
+    assert!(generation_dirs(&g, PERSON, 0).await.is_empty());
     drop(pool);
     newer.close().await.unwrap();
     let rows = ages(&tg.rows(PERSON).await);
@@ -421,10 +466,11 @@ async fn trims_keep_the_writer_working_and_its_next_flush_keeps_them() {
 /// `show --commit` and by a plain Lance reader at the pinned version;
 /// one outside it is a typed, clear error. A dry run deletes nothing and
 /// reports exactly what the real run then deletes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retained_commits_stay_readable_and_expired_ones_say_so() {
+async fn retained_commits_stay_readable_and_expired_ones_say_so(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::new(
+    let tg = TestGraph::on(
+        backend,
+        SCHEMA,
         &["node = \"Person\""],
         "[wal]\nbuckets = 2\n[retention]\nenabled = false\nkeep_commits = 2\nkeep_for = \"0s\"",
     );
@@ -445,9 +491,9 @@ async fn retained_commits_stay_readable_and_expired_ones_say_so() {
     }
     pool.close().await.unwrap();
     let versions = |table: &'static str| {
-        let uri = g.table_uri(table);
+        let g = &g;
         async move {
-            let ds = lance::Dataset::open(&uri).await.unwrap();
+            let ds = plain_open(g, table).await;
             ds.versions().await.unwrap().len()
         }
     };
@@ -569,10 +615,10 @@ fn run_with_config(config: &std::path::Path) -> std::process::Output {
 /// fold loop of the real binary and in `graphsink gc`; after each, a
 /// restart, and everything reads back: rows, folded and deferred edges,
 /// rejects, committed offsets, and plain Lance reads of the head.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_at_any_gc_step_loses_nothing() {
+async fn a_crash_at_any_gc_step_loses_nothing(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::with_schema(
+    let tg = TestGraph::on(
+        backend,
         CRASH_SCHEMA,
         &["node = \"Person\"", "edge = \"Knows\""],
         "[wal]\nbuckets = 2\n[fold]\ninterval = \"0s\"\n[offsets]\ncommit_interval = \"100ms\"\n[retention]\ninterval = \"0s\"\nkeep_commits = 1\nkeep_for = \"0s\"",
@@ -655,9 +701,8 @@ async fn check_everything(tg: &TestGraph, people: &BTreeMap<String, i64>, rounds
     let g = tg.graph().await;
     let head = g.head().await.unwrap();
     for (table, &v) in &head.tables {
-        lance::Dataset::open(&g.table_uri(table))
+        plain_open(&g, table)
             .await
-            .unwrap()
             .checkout_version(v)
             .await
             .unwrap_or_else(|e| panic!("{table}@{v} of the head: {e}"));
@@ -746,10 +791,11 @@ fn disk_bytes(dir: &std::path::Path) -> u64 {
 
 /// `status` shows storage per table by kind; the kinds add up to what is
 /// on disk, and a GC moves the right ones.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_shows_storage_per_table_by_kind() {
+async fn status_shows_storage_per_table_by_kind(backend: Backend) {
     crate::init_logs();
-    let tg = TestGraph::new(
+    let tg = TestGraph::on(
+        backend.clone(),
+        SCHEMA,
         &["node = \"Person\""],
         "[wal]\nbuckets = 2\n[retention]\nkeep_commits = 1\nkeep_for = \"0s\"",
     );
@@ -777,9 +823,11 @@ async fn status_shows_storage_per_table_by_kind() {
     let before = graphsink::graph_status(&cfg).await.unwrap();
     let names: Vec<&str> = before.storage.iter().map(|s| s.table.as_str()).collect();
     assert_eq!(names.last(), Some(&"__manifest"), "{names:?}");
-    for s in &before.storage {
-        let on_disk = disk_bytes(&PathBuf::from(g.table_uri(&s.table)));
-        assert_eq!(s.total(), on_disk, "{s:?}");
+    if backend == Backend::Local {
+        for s in &before.storage {
+            let on_disk = disk_bytes(&PathBuf::from(g.table_uri(&s.table)));
+            assert_eq!(s.total(), on_disk, "{s:?}");
+        }
     }
     let p = of(&before);
     assert!(
@@ -810,4 +858,29 @@ async fn status_shows_storage_per_table_by_kind() {
     assert_eq!(cli["generations"], json!(0));
     assert_eq!(cli["base"], json!(after.base));
     pool.close().await.unwrap();
+}
+
+crate::on_every_backend!(
+    gc_keeps_the_newest_wal_entry_and_replay_finds_every_acked_row,
+    an_emptied_wal_dir_lets_a_fenced_writer_ack_a_row_that_is_lost,
+    after_gc_a_new_writer_still_fences_the_old_one,
+    trims_keep_the_writer_working_and_its_next_flush_keeps_them,
+    retained_commits_stay_readable_and_expired_ones_say_so,
+    status_shows_storage_per_table_by_kind,
+);
+
+/// Local only in CI: on an `s3://` root it passed, but in 2 of 3 runs one
+/// `run --exit-at-end` never noticed it was at the end (no S3 request
+/// after opening its shards, only Kafka traffic; SIGTERM then drained it
+/// cleanly, with every row in place). That wait is the run loop's, not
+/// retention's; `s3_crash_at_any_gc_step` runs it by hand (`--ignored`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_crash_at_any_gc_step_loses_nothing() {
+    a_crash_at_any_gc_step_loses_nothing(Backend::Local).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run --exit-at-end can stall on an S3 root (see above)"]
+async fn s3_crash_at_any_gc_step_loses_nothing() {
+    a_crash_at_any_gc_step_loses_nothing(Backend::S3).await
 }
