@@ -5,6 +5,8 @@
 //!   produce the backlog (not measured) → (a) bare → (b) direct →
 //!   graphsink over the backlog → graphsink with folding off + one timed
 //!   fold → graphsink, then the bare loop, under a paced producer (latency).
+//! `--history` (fold cost against graph history) and `--storage` (bytes on
+//! disk against folds, retention on and off) replace the Kafka phases.
 
 mod baselines;
 mod broker;
@@ -12,6 +14,7 @@ mod history;
 mod measure;
 mod report;
 mod sink;
+mod storage;
 mod workload;
 
 use std::path::{Path, PathBuf};
@@ -86,6 +89,24 @@ struct Args {
     history_rows: usize,
     #[arg(long, default_value_t = 100)]
     history_filler: usize,
+    /// Instead of the Kafka phases: storage against time. Folds this many
+    /// times a steady stream of `--storage-rows` updates per fold over
+    /// `--storage-keys` keys, measuring bytes on disk after each fold, with
+    /// retention (keep `--storage-keep-commits`, `keep_for = 0s`) and without.
+    #[arg(long, default_value_t = 0)]
+    storage: u64,
+    #[arg(long, default_value_t = 5_000)]
+    storage_keys: u64,
+    #[arg(long, default_value_t = 2_000)]
+    storage_rows: usize,
+    /// Polls (durable WAL writes) per fold.
+    #[arg(long, default_value_t = 4)]
+    storage_polls: usize,
+    #[arg(long, default_value_t = 10)]
+    storage_keep_commits: usize,
+    /// Print every this many folds of the curve.
+    #[arg(long, default_value_t = 25)]
+    storage_step: u64,
     /// Offset commit cadence (ms) of graphsink and of the bare loop. Short,
     /// so a run's end is not rounded up to a commit tick.
     #[arg(long, default_value_t = 100)]
@@ -138,6 +159,23 @@ async fn run(a: Args) -> Result<(), BoxError> {
         }
         None => tmp.path().to_path_buf(),
     };
+    if a.storage > 0 {
+        let p = storage::Params {
+            folds: a.storage,
+            keys: a.storage_keys,
+            rows: a.storage_rows,
+            polls: a.storage_polls,
+            buckets: a.buckets,
+            keep_commits: a.storage_keep_commits,
+        };
+        eprintln!("storage against folds: {p:?}");
+        let curves = storage::run(&dir, p).await?;
+        storage::print(&curves, a.storage_step.max(1));
+        if let Some(path) = &a.json {
+            std::fs::write(path, serde_json::to_string_pretty(&curves)?)?;
+        }
+        return Ok(());
+    }
     if !a.history.is_empty() {
         let upto = *a.history.iter().max().expect("non-empty");
         eprintln!(

@@ -25,6 +25,8 @@ pub struct Config {
     pub offsets: OffsetSettings,
     #[serde(default)]
     pub errors: ErrorSettings,
+    #[serde(default)]
+    pub retention: RetentionSettings,
     /// One entry per topic.
     #[serde(default, rename = "mapping")]
     pub mappings: Vec<Mapping>,
@@ -148,6 +150,27 @@ pub struct OffsetSettings {
     /// How often durable watermarks are committed to the consumer group.
     #[serde(default = "default_commit_interval", with = "humantime_serde")]
     pub commit_interval: Duration,
+}
+
+/// What graphsink deletes once it is folded (docs/retention.md). A graph
+/// commit stays readable while it is one of the `keep_commits` newest or
+/// younger than `keep_for` (the union); the head always is.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Whether the fold loop collects garbage. `graphsink gc` runs either way.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The fold loop collects after a publish at most this often; `0s`:
+    /// after every publish.
+    #[serde(default = "default_retention_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// The newest graph commits that stay readable (1: the head only).
+    #[serde(default = "default_keep_commits")]
+    pub keep_commits: usize,
+    /// Graph commits younger than this stay readable, however many.
+    #[serde(default = "default_keep_for", with = "humantime_serde")]
+    pub keep_for: Duration,
 }
 
 /// What happens to records that cannot be ingested (Kafka Connect's terms).
@@ -351,6 +374,29 @@ impl Mapping {
     }
 }
 
+impl RetentionSettings {
+    fn validate(&self) -> Result<()> {
+        if self.keep_commits == 0 {
+            return Err(Error::config(
+                "retention.keep_commits must be at least 1 (the head is always kept)",
+            ));
+        }
+        // A window chrono cannot subtract from now would keep nothing
+        // by accident; refuse it instead.
+        if chrono::Duration::from_std(self.keep_for).is_err()
+            || self.keep_for > Duration::from_secs(100 * 365 * 24 * 3600)
+        {
+            return Err(Error::config("retention.keep_for is longer than 100 years"));
+        }
+        Ok(())
+    }
+
+    /// `keep_for` in milliseconds.
+    pub fn keep_for_ms(&self) -> i64 {
+        i64::try_from(self.keep_for.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
 impl Config {
     /// Reads, expands `${VAR}` in string values, parses and validates.
     pub fn load(path: &Path) -> Result<Config> {
@@ -401,6 +447,7 @@ impl Config {
         if self.errors.max_record_bytes == 0 {
             return Err(Error::config("errors.max_record_bytes must be positive"));
         }
+        self.retention.validate()?;
         Ok(())
     }
 
@@ -682,6 +729,26 @@ fn default_true() -> bool {
 fn default_commit_interval() -> Duration {
     Duration::from_secs(1)
 }
+fn default_retention_interval() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_keep_commits() -> usize {
+    10
+}
+fn default_keep_for() -> Duration {
+    Duration::from_secs(3600)
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: default_retention_interval(),
+            keep_commits: default_keep_commits(),
+            keep_for: default_keep_for(),
+        }
+    }
+}
 
 impl Default for WalSettings {
     fn default() -> Self {
@@ -843,6 +910,39 @@ node = "Person"
             MIN.replace("node = \"Person\"", "edge = \"K\"\nsrc = \"dst\""),
         ] {
             assert!(Config::from_toml(&bad, Path::new("/")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn retention_defaults_are_on_and_keep_an_hour_and_ten_commits() {
+        let c = Config::from_toml(MIN, Path::new("/")).unwrap();
+        let r = &c.retention;
+        assert!(r.enabled);
+        assert_eq!(r.interval, Duration::from_secs(60));
+        assert_eq!(r.keep_commits, 10);
+        assert_eq!(r.keep_for, Duration::from_secs(3600));
+        assert_eq!(r.keep_for_ms(), 3_600_000);
+    }
+
+    #[test]
+    fn retention_keys_parse_and_are_checked() {
+        let t = format!(
+            "{MIN}[retention]\nenabled = false\ninterval = \"0s\"\nkeep_commits = 1\nkeep_for = \"2d\"\n"
+        );
+        let c = Config::from_toml(&t, Path::new("/")).unwrap();
+        assert!(!c.retention.enabled);
+        assert!(c.retention.interval.is_zero());
+        assert_eq!(c.retention.keep_commits, 1);
+        assert_eq!(c.retention.keep_for, Duration::from_secs(2 * 86_400));
+        for (bad, says) in [
+            ("keep_commits = 0", "keep_commits must be at least 1"),
+            ("keep_for = \"200years\"", "longer than 100 years"),
+            ("keep = 3", "keep"),
+            ("keep_for = \"soon\"", "keep_for"),
+        ] {
+            let t = format!("{MIN}[retention]\n{bad}\n");
+            let e = Config::from_toml(&t, Path::new("/")).unwrap_err();
+            assert!(e.to_string().contains(says), "{bad}: {e}");
         }
     }
 

@@ -85,6 +85,12 @@ pub enum Error {
     Corrupt(String),
     #[error("{0} not found")]
     NotFound(String),
+    #[error("graph commit {commit} has expired: version {version} of {table} was removed by retention (it keeps retention.keep_commits commits and those younger than retention.keep_for)")]
+    CommitExpired {
+        commit: String,
+        table: String,
+        version: u64,
+    },
     #[error("{task} panicked: {message}")]
     Panic { task: &'static str, message: String },
     #[error("failpoint {0} fired")]
@@ -116,7 +122,7 @@ impl Error {
             Error::Lance { source, .. } if source.fence_reason().is_some() => ErrorKind::Fenced,
             Error::Lance { .. } | Error::Arrow { .. } | Error::Other(_) => ErrorKind::Retry,
             Error::Corrupt(_) => ErrorKind::Corrupt,
-            Error::NotFound(_) => ErrorKind::NotFound,
+            Error::NotFound(_) | Error::CommitExpired { .. } => ErrorKind::NotFound,
             Error::Panic { .. } => ErrorKind::Bug,
         }
     }

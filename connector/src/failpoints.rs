@@ -16,6 +16,21 @@ pub const FOLD_BETWEEN_PASSES: &str = "fold.between_passes";
 /// After a fold's publish, before its rejects are produced to the dead-letter topic.
 pub const FOLD_BEFORE_DEAD_LETTERS: &str = "fold.before_dead_letters";
 
+/// Retention, after its first WAL entry delete (a step cut short).
+pub const GC_WAL_PARTIAL: &str = "gc.wal_partial";
+/// Retention, after the WAL step.
+pub const GC_AFTER_WAL: &str = "gc.after_wal";
+/// Retention, after shard manifests are trimmed, before any generation is deleted.
+pub const GC_AFTER_TRIM: &str = "gc.after_trim";
+/// Retention, after the first file of a generation directory is deleted.
+pub const GC_GENERATION_PARTIAL: &str = "gc.generation_partial";
+/// Retention, after the generation step.
+pub const GC_AFTER_GENERATIONS: &str = "gc.after_generations";
+/// Retention, after the first table's old versions are cleaned.
+pub const GC_VERSIONS_PARTIAL: &str = "gc.versions_partial";
+/// Retention, after every table's old versions are cleaned.
+pub const GC_AFTER_VERSIONS: &str = "gc.after_versions";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     Abort,

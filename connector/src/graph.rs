@@ -656,11 +656,35 @@ fn parse_commit(row: &ManifestRow) -> Result<GraphCommit> {
         .map_err(|e| Error::Corrupt(format!("{}: unreadable commit: {e}", row.object_id)))
 }
 
+/// `table` at the version `commit` pins. A version that retention removed
+/// is `CommitExpired`, not Lance's not-found.
+pub async fn open_pinned(graph: &Graph, commit: &GraphCommit, table: &str) -> Result<Dataset> {
+    let version = *commit
+        .tables
+        .get(table)
+        .ok_or_else(|| Error::NotFound(format!("table {table} in graph commit {}", commit.id)))?;
+    graph
+        .open_table(table, Some(version))
+        .await
+        .map_err(|e| match e {
+            Error::Lance { source, .. } if is_version_gone(&source) => Error::CommitExpired {
+                commit: commit.id.clone(),
+                table: table.to_string(),
+                version,
+            },
+            e => e,
+        })
+}
+
+fn is_version_gone(e: &lance::Error) -> bool {
+    is_lance_not_found(e) || matches!(e, lance::Error::VersionNotFound { .. })
+}
+
 /// Row counts of every table at a commit (for `graphsink show`).
 pub async fn row_counts(graph: &Graph, commit: &GraphCommit) -> Result<HashMap<String, usize>> {
     let mut out = HashMap::new();
-    for (table, version) in &commit.tables {
-        let ds = graph.open_table(table, Some(*version)).await?;
+    for table in commit.tables.keys() {
+        let ds = open_pinned(graph, commit, table).await?;
         out.insert(table.clone(), ds.count_rows(None).await.ctx(table)?);
     }
     Ok(out)

@@ -23,6 +23,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("decode", 4),
     ("kafka", 4),
     ("fold", 5),
+    ("retention", 5),
     ("pipeline", 6),
     ("query", 6),
     ("cli", 7),

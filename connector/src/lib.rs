@@ -23,6 +23,7 @@ mod offsets;
 mod pipeline;
 mod query;
 mod rejects;
+mod retention;
 mod schema;
 mod shards;
 mod store;
@@ -34,7 +35,8 @@ mod validate;
 pub use cli::main as cli_main;
 pub use config::{
     Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings, KeyOrigin,
-    KeySource, Mapping, OffsetSettings, StorageOptions, Tolerance, UnknownFields, WalSettings,
+    KeySource, Mapping, OffsetSettings, RetentionSettings, StorageOptions, Tolerance,
+    UnknownFields, WalSettings,
 };
 pub use error::{Error, ErrorKind, Result};
 /// Reading a graph: its commits, and each table at the version a commit pins.
@@ -50,8 +52,10 @@ pub use query::rejects::{
 pub use query::status::{
     graph_status, kafka_status, GraphStatus, KafkaStatus, PartitionStatus, PendingStatus,
 };
-pub use query::{check, commits, fold_offline, snapshot, CheckSummary, Snapshot, TableRows};
+pub use query::{check, commits, fold_offline, gc, snapshot, CheckSummary, Snapshot, TableRows};
 pub use rejects::{Reject, RejectCode, Stage};
+/// What retention removed, and storage per table.
+pub use retention::{GcReport, Removed, TableGc, TableStorage};
 pub use schema::GraphSchema;
 pub use store::Store;
 pub use types::{now_ms, OffsetRange, TopicPartition};

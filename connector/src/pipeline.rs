@@ -25,6 +25,7 @@ use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent};
 use crate::kafka::{DeadLetters, OffsetQueries};
 use crate::offsets::{DurableWatermarks, PollAck, PollSpans, TopicPartition, WrittenSpans};
 use crate::rejects;
+use crate::retention;
 use crate::schema::{GraphSchema, REJECTS_TABLE};
 use crate::shards::{PendingWrite, ShardPool};
 
@@ -169,6 +170,7 @@ async fn session(
     let dead_letters = DeadLetters::connect(config).await?;
     let delivered = redeliver(&graph, &dead_letters, shutdown).await?;
     let pool = ShardPool::open(&graph, &config.wal, &graph.wal_tables()).await?;
+    let retention = retention::Scheduled::new(&config.retention, pool.live_shards());
     let queries = match options.exit_at_end {
         true => Some(OffsetQueries::connect(config)?),
         false => None,
@@ -195,6 +197,7 @@ async fn session(
         dead_letters: dead_letters.clone(),
         delivered,
         stop_delivery: shutdown.child_token(),
+        retention,
     };
     let mut fold = FoldTask::spawn(fold_loop, cuts);
     let mut run = RunLoop {

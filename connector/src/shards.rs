@@ -57,6 +57,15 @@ async fn initialize_shards(ds: &Dataset, table: &str, buckets: u32) -> Result<()
     Ok(())
 }
 
+/// `_mem_wal/<shard>/` of a table, as its object store names it (MemWAL's
+/// layout: `wal/`, `manifest/`, and one `<8hex>_gen_<g>/` per generation).
+pub fn shard_dir(ds: &Dataset, shard: Uuid) -> object_store::path::Path {
+    ds.branch_location()
+        .path
+        .join("_mem_wal")
+        .join(shard.as_hyphenated().to_string().as_str())
+}
+
 /// The latest manifest of a shard as stored (not a writer's cached view).
 pub async fn latest_manifest(ds: &Dataset, shard: Uuid) -> Result<Option<ShardManifest>> {
     manifest_store(ds, shard)
@@ -80,6 +89,17 @@ pub struct TableShards {
     lance_schema: lance_core::datatypes::Schema,
     pub shards: Vec<Shard>,
 }
+
+/// A live writer's own manifest store and epoch: what lets another task
+/// (retention) commit to the shard manifest without fencing the writer.
+#[derive(Clone)]
+pub struct LiveShard {
+    pub store: Arc<ShardManifestStore>,
+    pub epoch: u64,
+}
+
+/// The live shards of a process, by shard id (empty in offline tools).
+pub type LiveShards = HashMap<Uuid, LiveShard>;
 
 /// Every writer this process holds, by table.
 pub struct ShardPool {
@@ -148,6 +168,21 @@ impl ShardPool {
             );
         }
         Ok(ShardPool { tables: out })
+    }
+
+    /// Each writer's manifest store and epoch.
+    pub fn live_shards(&self) -> LiveShards {
+        self.tables
+            .values()
+            .flat_map(|t| &t.shards)
+            .map(|s| {
+                let live = LiveShard {
+                    store: s.writer.manifest_store(),
+                    epoch: s.writer.epoch(),
+                };
+                (s.writer.shard_id(), live)
+            })
+            .collect()
     }
 
     /// Freezes every active memtable. Called between polls, so the cut is

@@ -11,7 +11,18 @@ pub use crate::failpoints::{arm, disarm, Action as FailpointAction};
 pub use crate::fold::{execute, fold_offline, plan, FoldPlan, Folded, Policies, COMPACT_FRAGMENTS};
 pub use crate::graph::new_commit_id;
 pub use crate::offsets::WrittenSpans;
-pub use crate::shards::ShardPool;
+pub use crate::retention::{graph_storage, Window};
+pub use crate::shards::{shard_id, ShardPool};
+
+/// Retention as the fold loop runs it, with `pool`'s writers live (their
+/// own manifest stores trim).
+pub async fn collect_garbage(
+    graph: &Graph,
+    window: &Window,
+    pool: &ShardPool,
+) -> Result<crate::retention::GcReport> {
+    crate::retention::collect(graph, window, &pool.live_shards(), false).await
+}
 
 /// Publishes `commit` as the new head if the head is still its parent (the
 /// compare-and-swap a fold's publish makes).

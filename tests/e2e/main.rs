@@ -6,6 +6,7 @@ mod harness;
 mod pipeline;
 mod recovery;
 mod rejects;
+mod retention;
 mod storage;
 
 /// Writes the tracing output of in-process runs to the test's stderr.

@@ -1,5 +1,5 @@
 //! The command line: `check`, `run`, `fold`, `log`, `show`, `status`,
-//! `rejects`, `replay-rejects`, `produce`. It parses arguments and prints;
+//! `gc`, `rejects`, `replay-rejects`, `produce`. It parses arguments and prints;
 //! the work is done by library functions (`query`, `pipeline`). Every error
 //! ends as one readable line and a non-zero exit.
 
@@ -104,6 +104,16 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Delete what folding made garbage (WAL entries, flushed generations,
+    /// Lance versions outside `[retention]`'s window); safe while the
+    /// connector runs. Prints what it deleted per table and kind.
+    Gc {
+        #[arg(long)]
+        config: PathBuf,
+        /// Delete nothing; print what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Produce JSON-lines records (`{"key": .., "value": ..}`) to a topic,
     /// creating it if missing. For samples and tests.
     Produce {
@@ -183,6 +193,10 @@ async fn dispatch(cmd: Command) -> Result<()> {
             Ok(())
         }
         Command::Status { config, json } => status(&Config::load(&config)?, json).await,
+        Command::Gc { config, dry_run } => {
+            print::gc(&query::gc(&Config::load(&config)?, dry_run).await?);
+            Ok(())
+        }
         Command::Rejects {
             config,
             filter,

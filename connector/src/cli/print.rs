@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::graph::GraphCommit;
 use crate::query::status::{GraphStatus, KafkaStatus};
-use crate::query::{CheckSummary, Snapshot};
+use crate::query::{CheckSummary, GcReport, Snapshot, TableGc};
 use crate::rejects::Reject;
 
 pub(super) fn one_line(s: &str) -> String {
@@ -96,6 +96,67 @@ pub(super) fn graph_status(g: &GraphStatus) {
     }
     println!("pending  {:<24} {:>8}", "total", g.pending_total());
     println!("rejects  {}", g.rejects);
+    println!(
+        "storage  {:<24} {:>10} {:>10} {:>11} {:>12} {:>9}",
+        "table", "base", "wal", "generations", "old versions", "versions"
+    );
+    for s in &g.storage {
+        println!(
+            "         {:<24} {:>10} {:>10} {:>11} {:>12} {:>9}",
+            s.table,
+            fmt_bytes(s.base),
+            fmt_bytes(s.wal),
+            fmt_bytes(s.generations),
+            fmt_bytes(s.old_versions),
+            s.versions
+        );
+    }
+    let total: u64 = g.storage.iter().map(|s| s.total()).sum();
+    println!("         {:<24} {:>10}", "total", fmt_bytes(total));
+}
+
+// ---- gc ---------------------------------------------------------------------
+
+pub(super) fn gc(r: &GcReport) {
+    let verb = if r.dry_run { "would delete" } else { "deleted" };
+    println!(
+        "retention by head seq {}: {} commits readable, {} expired",
+        r.head_seq, r.retained_commits, r.expired_commits
+    );
+    let line = |name: &str, t: &TableGc| {
+        println!(
+            "  {:<28} wal {:>5} ({:>9})  generations {:>4} ({:>9})  versions {:>5} ({:>9})  trimmed {}",
+            name,
+            t.wal.count,
+            fmt_bytes(t.wal.bytes),
+            t.generations.count,
+            fmt_bytes(t.generations.bytes),
+            t.versions.count,
+            fmt_bytes(t.versions.bytes),
+            t.trimmed
+        )
+    };
+    println!("{verb}:");
+    for (table, t) in &r.tables {
+        line(table, t);
+    }
+    line("total", &r.total());
+}
+
+/// Bytes in binary units, three significant figures.
+pub(super) fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 pub(super) fn kafka_status(k: &KafkaStatus) {
@@ -135,6 +196,7 @@ pub(super) fn status_json(g: &GraphStatus, kafka: &Result<KafkaStatus>) {
         })).collect::<Vec<_>>(),
         "pending_total": g.pending_total(),
         "rejects": g.rejects,
+        "storage": g.storage,
         "kafka": null,
     });
     match kafka {

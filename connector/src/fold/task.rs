@@ -12,6 +12,7 @@ use crate::failpoints;
 use crate::graph::{Graph, GraphCommit};
 use crate::kafka::DeadLetters;
 use crate::offsets::WrittenSpans;
+use crate::retention;
 use crate::shards;
 
 /// What the run loop hands the fold loop at a cut: the frozen memtables and
@@ -45,6 +46,9 @@ pub(crate) struct FoldLoop {
     pub delivered: u64,
     /// Gives up a dead-letter delivery that keeps failing (shutdown).
     pub stop_delivery: tokio_util::sync::CancellationToken,
+    /// Garbage collection after a publish (`None`: retention is off). In
+    /// this loop it never races a fold of this process.
+    pub(crate) retention: Option<retention::Scheduled>,
 }
 
 impl FoldLoop {
@@ -121,6 +125,9 @@ impl FoldLoop {
             // Every earlier commit's rejects went out before this fold.
             self.delivered = commit.seq;
             let _ = self.published.send(Some(commit));
+            if let Some(r) = &mut self.retention {
+                r.after_publish(&self.graph).await;
+            }
         }
         Ok(true)
     }

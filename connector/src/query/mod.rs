@@ -10,6 +10,8 @@ pub(crate) mod status;
 use crate::config::Config;
 use crate::error::Result;
 use crate::graph::{self, Graph, GraphCommit};
+use crate::retention;
+pub use crate::retention::{GcReport, TableGc};
 use crate::schema::GraphSchema;
 
 /// What `check` found valid.
@@ -40,6 +42,16 @@ pub async fn fold_offline(config: &Config) -> Result<Option<GraphCommit>> {
     let graph = Graph::open_or_init(config, schema).await?;
     let policies = crate::fold::Policies::from_config(config);
     crate::fold::fold_offline(&graph, &policies, &config.wal, &config.graph.actor).await
+}
+
+/// Collects garbage now by the config's `[retention]` window (whether or
+/// not the fold loop's retention is enabled); with `dry_run`, deletes
+/// nothing and reports what it would delete. Safe against a running
+/// connector: it claims no shard (docs/retention.md).
+pub async fn gc(config: &Config, dry_run: bool) -> Result<GcReport> {
+    let graph = Graph::open_configured(config).await?;
+    let window = (&config.retention).into();
+    retention::collect(&graph, &window, &Default::default(), dry_run).await
 }
 
 /// Graph commits, newest first, at most `limit`.

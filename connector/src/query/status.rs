@@ -7,6 +7,7 @@ use crate::error::{Context, Result};
 use crate::graph::{Graph, GraphCommit};
 use crate::kafka::queries::MissingTopic;
 use crate::kafka::OffsetQueries;
+use crate::retention::{graph_storage, TableStorage};
 use crate::schema::REJECTS_TABLE;
 use crate::types::now_ms;
 
@@ -19,6 +20,9 @@ pub struct GraphStatus {
     pub pending: Vec<PendingStatus>,
     /// Rows of `_ingest_rejects`.
     pub rejects: usize,
+    /// Bytes per table by kind (base, WAL, generations, old versions),
+    /// `__manifest` last.
+    pub storage: Vec<TableStorage>,
 }
 
 impl GraphStatus {
@@ -104,11 +108,13 @@ pub async fn graph_status(config: &Config) -> Result<GraphStatus> {
             .ctx(REJECTS_TABLE)?,
         None => 0,
     };
+    let storage = graph_storage(&graph).await?;
     Ok(GraphStatus {
         head,
         now,
         pending,
         rejects,
+        storage,
     })
 }
 
