@@ -191,8 +191,28 @@ mod tests {
         let endpoint = format!("http://{}", l.local_addr().unwrap());
         std::thread::spawn(move || {
             for mut c in l.incoming().flatten() {
+                // Read the whole request (head, then Content-Length bytes):
+                // closing with unread bytes would reset the connection.
+                let mut got = Vec::new();
                 let mut buf = [0u8; 4096];
-                let _ = c.read(&mut buf);
+                loop {
+                    let n = c.read(&mut buf).unwrap_or(0);
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("Content-Length: "))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            break;
+                        }
+                    }
+                    if n == 0 {
+                        break;
+                    }
+                }
                 let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
             }
         });
