@@ -7,12 +7,16 @@
 //!   fold → graphsink, then the bare loop, under a paced producer (latency).
 //! `--history` (fold cost against graph history) and `--storage` (bytes on
 //! disk against folds, retention on and off) replace the Kafka phases.
+//! With `--s3` / `--s3-endpoint`, graphsink's backlog and paced phases run
+//! again on an `s3://` root (after their local-filesystem runs, in the same
+//! run, on the same backlog).
 
 mod baselines;
 mod broker;
 mod history;
 mod measure;
 mod report;
+mod s3;
 mod sink;
 mod storage;
 mod workload;
@@ -24,7 +28,8 @@ use clap::Parser;
 
 use broker::{BoxError, Broker};
 use measure::Target;
-use report::{Latency, Report};
+use report::{Latency, Report, S3Report};
+use s3::{Root, S3Bench, SelfCpu};
 use workload::Shape;
 
 #[derive(Parser, Debug)]
@@ -129,6 +134,25 @@ struct Args {
     /// Keep graphs and logs here (default: a temp dir, removed at the end).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Also run graphsink's backlog and paced phases on an `s3://` root on a
+    /// private moto server (graphsink-testkit's S3Server), right after the
+    /// same phases on the local filesystem.
+    #[arg(long)]
+    s3: bool,
+    /// Like --s3, on this S3 server (http://host:port) instead of a private
+    /// moto; it must enforce conditional PUTs.
+    #[arg(long)]
+    s3_endpoint: Option<String>,
+    /// moto_server for --s3 (default ~/.cache/graphsink/moto-venv/bin/moto_server).
+    #[arg(long)]
+    moto_bin: Option<PathBuf>,
+    /// With --s3-endpoint: the server's pid, so its CPU time is sampled.
+    #[arg(long)]
+    s3_pid: Option<u32>,
+    /// Count S3 requests through a rule-less FaultProxy in front of the
+    /// server (an extra loopback hop) instead of moto's request log.
+    #[arg(long)]
+    s3_count_proxy: bool,
 }
 
 #[tokio::main]
@@ -226,6 +250,19 @@ async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
         Some(b) => Broker::external(b.clone()),
         None => Broker::start_tansu(a.tansu_bin.clone(), dir)?,
     };
+    let s3 = if a.s3 || a.s3_endpoint.is_some() {
+        let s = S3Bench::start(
+            a.s3_endpoint.as_deref(),
+            a.moto_bin.clone(),
+            a.s3_pid,
+            a.s3_count_proxy,
+            dir,
+        )?;
+        eprintln!("S3 phases on {}", s.describe);
+        Some(s)
+    } else {
+        None
+    };
     let run = Run::new(a, &broker)?;
     let mut r = run.report(a);
     for topic in run.t.topics.names() {
@@ -249,13 +286,23 @@ async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
     // must have consumed exactly this many records.
     let ends = backlog.ends.clone();
     run.baselines(a, dir, &ends, &mut r).await?;
+    let mut s3r = None;
     run.graphsink(a, dir, &ends, &mut r).await?;
+    if let Some(s) = &s3 {
+        s3r = Some(run.graphsink_s3(a, dir, s, &ends, &mut r).await?);
+    }
     run.fold(a, dir, &ends, &mut r).await?;
     if a.latency_rate > 0 {
-        run.latency(a, dir, &mut r).await?;
+        let on_s3 = s3.as_ref().zip(s3r.as_mut());
+        run.latency(a, dir, &mut r, on_s3).await?;
     }
     r.ratio_graphsink_bare = r.graphsink_records_per_s / r.bare_records_per_s;
     r.ratio_graphsink_direct = r.graphsink_records_per_s / r.direct_records_per_s;
+    if let Some(s) = s3r.as_mut() {
+        s.ratio_bare = s.records_per_s / r.bare_records_per_s;
+        s.ratio_local = s.records_per_s / r.graphsink_records_per_s;
+    }
+    r.s3 = s3r;
     add_notes(a, &mut r);
     drop(broker);
     Ok(r)
@@ -355,14 +402,45 @@ impl Run {
     }
 
     fn graphsink_config(&self, a: &Args, dir: &Path) -> Result<graphsink::Config, BoxError> {
+        self.config_on(a, dir, &Root::local(dir, "graph"), "graphsink")
+    }
+
+    /// The measured graphsink's config on `root`, in consumer group `name`.
+    fn config_on(
+        &self,
+        a: &Args,
+        dir: &Path,
+        root: &Root,
+        name: &str,
+    ) -> Result<graphsink::Config, BoxError> {
         measure::graphsink_config(
             &self.t,
             dir,
-            &sink::root_in(dir, "graph"),
-            &self.group("graphsink"),
+            root,
+            &self.group(name),
             a.buckets,
             &sink::fold_every(&a.fold_interval),
         )
+    }
+
+    /// The S3 run's root: one prefix per bench run.
+    fn s3_config(&self, a: &Args, dir: &Path, s3: &S3Bench) -> Result<graphsink::Config, BoxError> {
+        let root = s3.root(&format!("{}/graph", self.run_id));
+        self.config_on(a, dir, &root, "graphsink-s3")
+    }
+
+    /// The expected rows of the backlog's graph: one per distinct key, and
+    /// no edge left waiting (every endpoint is a backlog node).
+    fn expected_rows(&self, a: &Args, r: &mut Report) {
+        let (want_nodes, want_edges) = workload::distinct_keys(self.shape, a.records);
+        r.expected_rows
+            .insert(format!("nodes/{}", workload::NODE), want_nodes);
+        if self.has_edges() {
+            r.expected_rows
+                .insert(format!("edges/{}", workload::EDGE), want_edges);
+            r.expected_rows
+                .insert(format!("_pending/{}", workload::EDGE), 0);
+        }
     }
 
     /// (a) the bare consumer and (b) the direct Lance load.
@@ -407,27 +485,55 @@ impl Run {
         r: &mut Report,
     ) -> Result<(), BoxError> {
         eprintln!("graphsink over the backlog ...");
-        let gs = sink::backlog(&self.t, self.graphsink_config(a, dir)?, ends, self.every).await?;
+        let cpu = SelfCpu::start();
+        let cfg = self.graphsink_config(a, dir)?;
+        let gs = sink::backlog(&self.t, cfg.clone(), ends, self.every).await?;
+        r.graphsink_cpu_cores = cpu.cores();
         r.graphsink_records_per_s = gs.timed_records as f64 / gs.secs;
         r.graphsink_timed_records = gs.timed_records;
         r.graphsink_secs = gs.secs;
         r.graphsink_commits_published = gs.published.seen.len();
         r.graphsink_peak_rss_mib = gs.peak_rss_mib;
         r.graphsink_run_loop = gs.run_loop.clone();
-        // Nothing lost: the graph holds one row per distinct key, and no edge
-        // is left waiting (every endpoint is a backlog node).
-        let (want_nodes, want_edges) = workload::distinct_keys(self.shape, a.records);
-        r.expected_rows
-            .insert(format!("nodes/{}", workload::NODE), want_nodes);
-        if self.has_edges() {
-            r.expected_rows
-                .insert(format!("edges/{}", workload::EDGE), want_edges);
-            r.expected_rows
-                .insert(format!("_pending/{}", workload::EDGE), 0);
-        }
-        check_rows(&sink::root_in(dir, "graph"), r).await?;
+        self.expected_rows(a, r);
+        r.graph_rows = check_rows(&cfg, "", r).await?;
         r.counted("graphsink", gs.records, a.records);
         Ok(())
+    }
+
+    /// The same backlog run on an `s3://` root, with the server's load.
+    async fn graphsink_s3(
+        &self,
+        a: &Args,
+        dir: &Path,
+        s3: &S3Bench,
+        ends: &[i64],
+        r: &mut Report,
+    ) -> Result<S3Report, BoxError> {
+        eprintln!("graphsink over the backlog, on S3 ...");
+        let cfg = self.s3_config(a, dir, s3)?;
+        let mark = s3.mark();
+        let gs = sink::backlog(&self.t, cfg.clone(), ends, self.every).await?;
+        let backlog_load = s3.since(&mark);
+        let mut out = S3Report {
+            server: s3.describe.clone(),
+            requests_counted_by: s3.counted_by().into(),
+            records_per_s: gs.timed_records as f64 / gs.secs,
+            secs: gs.secs,
+            timed_records: gs.timed_records,
+            commits_published: gs.published.seen.len(),
+            peak_rss_mib: gs.peak_rss_mib,
+            run_loop: gs.run_loop.clone(),
+            restarts: gs.restarts,
+            backlog_load,
+            local_backlog_cpu_cores: r.graphsink_cpu_cores,
+            wal_flush_ms: a.wal_flush_ms,
+            shards: a.buckets as u64 * if self.has_edges() { 2 } else { 1 },
+            ..Default::default()
+        };
+        out.graph_rows = check_rows(&cfg, "s3 ", r).await?;
+        r.counted("graphsink (s3)", gs.records, a.records);
+        Ok(out)
     }
 
     /// graphsink with folding off, then one timed fold. Before the paced
@@ -443,7 +549,7 @@ impl Run {
         let nf_cfg = measure::graphsink_config(
             &self.t,
             dir,
-            &sink::root_in(dir, "graph-nofold"),
+            &Root::local(dir, "graph-nofold"),
             &self.group("nofold"),
             a.buckets,
             sink::FOLD_OFF,
@@ -470,13 +576,21 @@ impl Run {
         Ok(())
     }
 
-    /// graphsink, then the bare consumer, under a paced producer.
-    async fn latency(&self, a: &Args, dir: &Path, r: &mut Report) -> Result<(), BoxError> {
+    /// graphsink, then the bare consumer, under a paced producer; then
+    /// graphsink on S3 when there is an S3 run.
+    async fn latency(
+        &self,
+        a: &Args,
+        dir: &Path,
+        r: &mut Report,
+        s3: Option<(&S3Bench, &mut S3Report)>,
+    ) -> Result<(), BoxError> {
         eprintln!(
             "graphsink under a paced producer ({} records/s for {} s) ...",
             a.latency_rate, a.latency_secs
         );
         let settle = Duration::from_secs(60) + humantime_secs(&a.fold_interval) * 3;
+        let cpu = SelfCpu::start();
         let live = sink::live(
             &self.t,
             self.graphsink_config(a, dir)?,
@@ -485,8 +599,10 @@ impl Run {
             a.latency_secs,
             self.every,
             settle,
+            0,
         )
         .await?;
+        let local_live_cpu = cpu.cores();
         r.latency_rate_records_per_s = a.latency_rate;
         r.latency_records = live.records;
         if live.durable_ms.len() < live.records {
@@ -501,7 +617,7 @@ impl Run {
         r.published_missed = live.missed;
 
         eprintln!("bare consumer under the same paced producer ...");
-        let bare_ms = sink::bare_live(
+        let (bare_ms, bare_records) = sink::bare_live(
             &self.t,
             &self.group("bare-live"),
             self.shape,
@@ -514,27 +630,69 @@ impl Run {
         )
         .await?;
         r.bare_durable_ack_latency = Latency::of(bare_ms);
+
+        let Some((s3, out)) = s3 else { return Ok(()) };
+        eprintln!("graphsink on S3 under the same paced producer ...");
+        out.local_live_cpu_cores = local_live_cpu;
+        // The S3 group committed the backlog; the two paced phases before
+        // (each a primer and its paced records) come first.
+        out.live_catch_up = (1 + live.records + 1 + bare_records) as u64;
+        let mark = s3.mark();
+        let s3_live = sink::live(
+            &self.t,
+            self.s3_config(a, dir, s3)?,
+            self.shape,
+            a.latency_rate,
+            a.latency_secs,
+            self.every,
+            settle,
+            out.live_catch_up,
+        )
+        .await?;
+        let load = s3.since(&mark);
+        if s3_live.durable_ms.len() < s3_live.records {
+            r.notes.push(format!(
+                "s3: {} paced records never seen committed",
+                s3_live.records - s3_live.durable_ms.len()
+            ));
+        }
+        if s3_live.unseen > 0 {
+            r.notes.push(format!(
+                "s3: {} paced records never seen visible",
+                s3_live.unseen
+            ));
+        }
+        out.durable_ack_latency = Latency::of(s3_live.durable_ms);
+        out.graph_visible_latency = Latency::of(s3_live.visible_ms);
+        out.live_load = Some(load);
         Ok(())
     }
 }
 
-/// Compares the graph's rows at its head with `r.expected_rows`; a
-/// difference is a COUNT MISMATCH note.
-async fn check_rows(root: &str, r: &mut Report) -> Result<(), BoxError> {
-    let g = graphsink::Graph::open_readonly(root.to_string(), Default::default()).await?;
+/// Compares the rows at the head of `cfg`'s graph with `r.expected_rows`
+/// and returns them; a difference is a COUNT MISMATCH note (`label` names
+/// the run).
+async fn check_rows(
+    cfg: &graphsink::Config,
+    label: &str,
+    r: &mut Report,
+) -> Result<std::collections::BTreeMap<String, usize>, BoxError> {
+    let store = graphsink::Store::new(&cfg.graph.storage_options);
+    let g = graphsink::Graph::open_readonly(cfg.root_uri(), store).await?;
     let head = g.head().await?;
     let rows = graphsink::row_counts(&g, &head).await?;
+    let mut seen = std::collections::BTreeMap::new();
     for (table, want) in &r.expected_rows {
         let got = rows.get(table).copied().unwrap_or(0);
-        r.graph_rows.insert(table.clone(), got);
+        seen.insert(table.clone(), got);
         if got != *want {
             r.count_mismatch = true;
             r.notes.push(format!(
-                "COUNT MISMATCH: {table} holds {got} rows, expected {want}"
+                "COUNT MISMATCH: {label}{table} holds {got} rows, expected {want}"
             ));
         }
     }
-    Ok(())
+    Ok(seen)
 }
 
 fn add_notes(a: &Args, r: &mut Report) {

@@ -261,7 +261,7 @@ fn status_mib(field: &str) -> Option<f64> {
 pub fn graphsink_config(
     t: &Target,
     dir: &Path,
-    root: &str,
+    root: &crate::s3::Root,
     group: &str,
     buckets: u32,
     fold: &str,
@@ -273,6 +273,8 @@ pub fn graphsink_config(
 root = "{root}"
 schema = "bench.pg"
 actor = "graphsink-bench"
+
+{storage}
 
 [kafka]
 "bootstrap.servers" = "{bs}"
@@ -295,6 +297,8 @@ node = "{node}"
 key = "value"
 {edges}
 "#,
+        root = root.uri,
+        storage = root.storage_toml,
         bs = t.bootstrap,
         commit_ms = t.commit_every.as_millis(),
         flush_ms = t.wal_flush.as_millis(),

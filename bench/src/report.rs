@@ -35,6 +35,8 @@ pub struct Report {
     pub graphsink_commits_published: usize,
     pub graphsink_peak_rss_mib: Option<f64>,
     pub graphsink_run_loop: crate::sink::LoopTimes,
+    /// The bench process's CPU over the backlog phase, in cores.
+    pub graphsink_cpu_cores: Option<f64>,
     pub graphsink_nofold_records_per_s: f64,
     pub graphsink_nofold_peak_rss_mib: Option<f64>,
     pub fold_peak_rss_mib: Option<f64>,
@@ -65,7 +67,44 @@ pub struct Report {
     /// workload says they must be (distinct node keys, distinct edge ids).
     pub graph_rows: std::collections::BTreeMap<String, usize>,
     pub expected_rows: std::collections::BTreeMap<String, usize>,
+    /// The graphsink phases again on an `s3://` root (`--s3`,
+    /// `--s3-endpoint`), in the same run.
+    pub s3: Option<S3Report>,
     pub notes: Vec<String>,
+}
+
+/// graphsink's backlog and paced phases on S3, beside the same phases on
+/// the local filesystem (the report's main figures).
+#[derive(Serialize, Default)]
+pub struct S3Report {
+    pub server: String,
+    pub requests_counted_by: String,
+    pub records_per_s: f64,
+    pub ratio_bare: f64,
+    /// S3 ÷ local filesystem, same run, same backlog.
+    pub ratio_local: f64,
+    pub secs: f64,
+    pub timed_records: u64,
+    pub commits_published: usize,
+    pub peak_rss_mib: Option<f64>,
+    pub run_loop: crate::sink::LoopTimes,
+    /// Ingest sessions restarted after a storage failure (should be 0).
+    pub restarts: u64,
+    pub durable_ack_latency: Option<Latency>,
+    pub graph_visible_latency: Option<Latency>,
+    /// Records the paced S3 run consumed before its primer (the local and
+    /// bare paced phases' records), not measured.
+    pub live_catch_up: u64,
+    /// Server load over the whole backlog phase (open, ingest, final fold,
+    /// close) and over the paced phase (primer to shutdown).
+    pub backlog_load: crate::s3::Load,
+    pub live_load: Option<crate::s3::Load>,
+    /// Local-filesystem phases' bench CPU, for the same comparison.
+    pub local_backlog_cpu_cores: Option<f64>,
+    pub local_live_cpu_cores: Option<f64>,
+    pub wal_flush_ms: u64,
+    pub shards: u64,
+    pub graph_rows: std::collections::BTreeMap<String, usize>,
 }
 
 impl Report {
@@ -179,11 +218,111 @@ impl Report {
             "graph rows after the backlog {:?} (expected {:?})",
             self.graph_rows, self.expected_rows
         );
+        if let Some(s3) = &self.s3 {
+            self.print_s3(s3);
+        }
         if self.count_mismatch {
             println!("WARNING: a phase's record count differs from the produced count; see notes");
         }
         for n in &self.notes {
             println!("note: {n}");
+        }
+    }
+}
+
+fn p50_99(l: &Option<Latency>) -> String {
+    l.map_or("n/a".into(), |l| {
+        format!("{:.1} / {:.1} ms", l.p50_ms, l.p99_ms)
+    })
+}
+
+fn opt(v: Option<f64>, unit: &str) -> String {
+    v.map_or("n/a".into(), |v| format!("{v:.2}{unit}"))
+}
+
+impl Report {
+    fn print_s3(&self, s3: &S3Report) {
+        println!("{:-<78}", "");
+        println!(
+            "S3: {} (requests counted by {})",
+            s3.server, s3.requests_counted_by
+        );
+        println!(
+            "{:<26} {:>12} {:>9} {:>24} {:>24}",
+            "", "records/s", "vs bare", "durable ack p50 / p99", "graph-visible p50 / p99"
+        );
+        let vis = |l: &Option<Latency>| {
+            l.map_or("n/a".into(), |l| {
+                format!("{:.2} / {:.2} s", l.p50_ms / 1e3, l.p99_ms / 1e3)
+            })
+        };
+        println!(
+            "{:<26} {:>12.0} {:>9.3} {:>24} {:>24}",
+            "graphsink (local fs)",
+            self.graphsink_records_per_s,
+            self.ratio_graphsink_bare,
+            p50_99(&self.durable_ack_latency),
+            vis(&self.graph_visible_latency)
+        );
+        println!(
+            "{:<26} {:>12.0} {:>9.3} {:>24} {:>24}",
+            "graphsink (s3, moto)",
+            s3.records_per_s,
+            s3.ratio_bare,
+            p50_99(&s3.durable_ack_latency),
+            vis(&s3.graph_visible_latency)
+        );
+        println!(
+            "  s3/local {:.3}; {} records timed in {:.2} s, {} graph commits, {} restarts, peak RSS {}",
+            s3.ratio_local,
+            s3.timed_records,
+            s3.secs,
+            s3.commits_published,
+            s3.restarts,
+            rss(s3.peak_rss_mib)
+        );
+        println!("  graph rows on S3 {:?}", s3.graph_rows);
+        let l = &s3.run_loop;
+        println!(
+            "  (run loop: {} polls of {:.0} records; in polls {:.2} s, of which decode {:.2} s, puts {:.2} s)",
+            l.polls, l.records_per_poll, l.poll_secs, l.decode_secs, l.put_secs
+        );
+        println!(
+            "  bench CPU, cores: local backlog {}, s3 backlog {}; local paced {}, s3 paced {}",
+            opt(s3.local_backlog_cpu_cores, ""),
+            opt(s3.backlog_load.bench_cpu_cores, ""),
+            opt(s3.local_live_cpu_cores, ""),
+            opt(s3.live_load.as_ref().and_then(|l| l.bench_cpu_cores), "")
+        );
+        let flush_s = s3.wal_flush_ms as f64 / 1e3;
+        for (name, load) in [
+            ("backlog", Some(&s3.backlog_load)),
+            ("paced", s3.live_load.as_ref()),
+        ] {
+            let Some(load) = load else { continue };
+            println!(
+                "  {name} phase: {:.2} s, {} requests = {:.0}/s = {:.1} per flush interval ({} ms, {} shards); WAL PUTs {:.0}/s; server CPU {} s = {} cores",
+                load.secs,
+                load.total_requests,
+                load.requests_per_s,
+                load.requests_per_s * flush_s,
+                s3.wal_flush_ms,
+                s3.shards,
+                load.count("PUT wal entry") as f64 / load.secs.max(1e-9),
+                opt(load.server_cpu_secs, ""),
+                opt(load.server_cpu_cores, "")
+            );
+            let mut by: Vec<_> = load.requests.iter().collect();
+            by.sort_by(|a, b| b.1.cmp(a.1));
+            let shown: Vec<String> = by.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("    by kind: {}", shown.join(", "));
+            println!("    by status: {:?}", load.statuses);
+        }
+        if s3.live_catch_up > 0 {
+            println!(
+                "  (the paced S3 run first caught up {} records of the earlier paced phases, unmeasured)",
+                s3.live_catch_up
+            );
         }
     }
 }

@@ -25,6 +25,8 @@ pub struct BacklogRun {
     pub published: Published,
     pub peak_rss_mib: Option<f64>,
     pub run_loop: LoopTimes,
+    /// Ingest sessions restarted after a passing storage failure.
+    pub restarts: u64,
 }
 
 /// Where graphsink's run loop spent the run (from `RunStats`).
@@ -90,6 +92,7 @@ pub async fn backlog(
         published,
         peak_rss_mib,
         run_loop: LoopTimes::of(&stats),
+        restarts: stats.restarts.load(Ordering::Relaxed),
     })
 }
 
@@ -104,7 +107,10 @@ pub struct LiveRun {
 /// Runs the connector without `exit_at_end` while a paced producer writes
 /// records stamped with the time they were sent; every record's latency is
 /// then (first commit sample covering it) − timestamp, and (first published
-/// commit covering it) − timestamp.
+/// commit covering it) − timestamp. `catch_up`: records on the topics past
+/// the group's committed offsets (earlier paced phases), consumed before
+/// the primer counts, so the paced records find the pipeline caught up.
+#[allow(clippy::too_many_arguments)]
 pub async fn live(
     t: &Target,
     cfg: Config,
@@ -113,6 +119,7 @@ pub async fn live(
     secs: u64,
     every: Duration,
     settle: Duration,
+    catch_up: u64,
 ) -> Result<LiveRun, BoxError> {
     let group = cfg.kafka["group.id"].clone();
     let stats = Arc::new(RunStats::default());
@@ -134,8 +141,8 @@ pub async fn live(
         tokio::task::spawn_blocking(move || workload::produce_one(&bs, &topics, shape, 0xbeef))
             .await??;
     }
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while stats.durable.load(Ordering::Relaxed) == 0 {
+    let deadline = Instant::now() + Duration::from_secs(90 + catch_up / 1000);
+    while stats.durable.load(Ordering::Relaxed) < catch_up + 1 {
         if run.is_finished() || Instant::now() > deadline {
             stop.cancel();
             run.await??;
@@ -299,7 +306,7 @@ pub async fn bare_live(
     every: Duration,
     settle: Duration,
     on_topics: u64,
-) -> Result<Vec<f64>, BoxError> {
+) -> Result<(Vec<f64>, usize), BoxError> {
     use std::sync::atomic::{AtomicBool, AtomicU64};
     let seen = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -336,5 +343,5 @@ pub async fn bare_live(
     stop.store(true, Ordering::Relaxed);
     run.await??;
     let samples = sampler.finish()?;
-    Ok(measure::commit_latencies(&samples, &recs))
+    Ok((measure::commit_latencies(&samples, &recs), recs.len()))
 }

@@ -7,7 +7,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -37,7 +37,20 @@ pub struct S3Server {
 impl S3Server {
     /// Starts `bin` (default: [`default_bin`]) and waits until it answers.
     pub fn start(bin: Option<PathBuf>) -> Result<S3Server, String> {
+        S3Server::start_logged(bin, None)
+    }
+
+    /// Like [`start`](Self::start), with moto's request log (its stderr: one
+    /// line per request, `"METHOD /path HTTP/1.1" STATUS`) written to `log`
+    /// instead of discarded. The bench counts requests from it.
+    pub fn start_logged(bin: Option<PathBuf>, log: Option<&Path>) -> Result<S3Server, String> {
         let bin = bin.unwrap_or_else(default_bin);
+        let stderr = match log {
+            Some(p) => Stdio::from(
+                std::fs::File::create(p).map_err(|e| format!("create {}: {e}", p.display()))?,
+            ),
+            None => Stdio::null(),
+        };
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("pick a free port for moto: {e}"))?
@@ -46,7 +59,7 @@ impl S3Server {
         cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(stderr);
         tie_to_parent(&mut cmd);
         let child = spawn_from_long_lived_thread(cmd)
             .map_err(|e| format!("start {}: {e}", bin.display()))?;
@@ -68,6 +81,11 @@ impl S3Server {
             }
         }
         Ok(server)
+    }
+
+    /// The server's process id (to sample its CPU time).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 
