@@ -165,14 +165,10 @@ async fn an_outage_pauses_ingest_and_acks_nothing_until_it_ends() {
     proxy.outage(outage);
     let began = Instant::now();
     // Keys p1000.. so the second batch only adds rows.
-    let second: Vec<Rec> = (1000..1040)
+    let second: Vec<Rec> = (1000..1040i32)
         .map(|i| {
             let k = format!("p{i}");
-            rec(
-                (i % 2) as i32,
-                Some(&k),
-                Some(serde_json::json!({"name": k})),
-            )
+            rec(i % 2, Some(&k), Some(serde_json::json!({"name": k})))
         })
         .collect();
     produce(topic, &second).await;
