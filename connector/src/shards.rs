@@ -75,6 +75,20 @@ pub async fn latest_manifest(ds: &Dataset, shard: Uuid) -> Result<Option<ShardMa
         .ctx(format!("read manifest of shard {shard}"))
 }
 
+/// The compacted generation marker of each shard of a table version: the
+/// fold writes it, the planner and retention read it.
+pub async fn compacted_markers(ds: &Dataset) -> Result<HashMap<Uuid, u64>> {
+    let details = ds.mem_wal_index_details().await.ctx(ds.uri())?;
+    Ok(details
+        .map(|d| {
+            d.compacted_sstables
+                .iter()
+                .map(|c| (c.shard_id, c.generation))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
 /// One open writer and where it belongs.
 pub struct Shard {
     pub table: String,

@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use lance::dataset::mem_wal::DatasetMemWalExt;
 use lance::Dataset;
 use serde::{Deserialize, Serialize};
 
@@ -100,7 +99,7 @@ pub async fn plan(
 /// marker (and within the cut).
 async fn plan_table(graph: &Graph, table: &str, cut: &Cut) -> Result<Vec<ShardPlan>> {
     let ds = graph.open_table(table, None).await?;
-    let compacted = compacted_markers(&ds).await?;
+    let compacted = shards::compacted_markers(&ds).await?;
     let mut out = Vec::new();
     for bucket in 0..graph.buckets[table] {
         let shard = shards::shard_id(table, bucket);
@@ -174,17 +173,4 @@ pub(crate) async fn oldest_pending(ds: &Dataset) -> Result<Option<i64>> {
         }
     }
     Ok(oldest)
-}
-
-/// The compacted generation marker of each shard of a table.
-pub(crate) async fn compacted_markers(ds: &Dataset) -> Result<HashMap<uuid::Uuid, u64>> {
-    let details = ds.mem_wal_index_details().await.ctx(ds.uri())?;
-    Ok(details
-        .map(|d| {
-            d.compacted_sstables
-                .iter()
-                .map(|c| (c.shard_id, c.generation))
-                .collect()
-        })
-        .unwrap_or_default())
 }

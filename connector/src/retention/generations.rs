@@ -9,10 +9,8 @@
 //! no manifest ever names a directory that is gone; directories are found
 //! by listing, so a crash between the two leaves nothing behind for good.
 
-use std::collections::HashMap;
-
 use futures::TryStreamExt;
-use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore};
+use lance::dataset::mem_wal::ShardManifestStore;
 use lance::Dataset;
 use lance_index::mem_wal::ShardManifest;
 use uuid::Uuid;
@@ -21,19 +19,6 @@ use super::Removed;
 use crate::error::{Context, Result};
 use crate::failpoints;
 use crate::shards::{self, LiveShard};
-
-/// The compacted generation marker of each shard in `pinned`.
-pub(super) async fn markers(pinned: &Dataset) -> Result<HashMap<Uuid, u64>> {
-    let details = pinned.mem_wal_index_details().await.ctx(pinned.uri())?;
-    Ok(details
-        .map(|d| {
-            d.compacted_sstables
-                .iter()
-                .map(|c| (c.shard_id, c.generation))
-                .collect()
-        })
-        .unwrap_or_default())
-}
 
 /// Drops generations `<= marker` from the shard manifest; returns how many
 /// it named (dry: would drop), or `None` when it could not trim, and so

@@ -181,7 +181,7 @@ pub async fn collect(
         let pinned = graph
             .open_table(&t.table, Some(head.tables[&t.table]))
             .await?;
-        let markers = generations::markers(&pinned).await?;
+        let markers = shards::compacted_markers(&pinned).await?;
         let ds = graph.open_table(&t.table, None).await?;
         for &shard in &t.shards {
             let Some(&marker) = markers.get(&shard) else {
