@@ -37,12 +37,14 @@ impl BaselineRun {
 }
 
 fn group_config(t: &Target, group: &str) -> ClientConfig {
-    // The same group settings graphsink uses, so the join costs the same.
+    // The same consumer defaults graphsink uses (assignment strategy and
+    // fetch queue), so the join and the fetching cost the same.
     let mut cc = ClientConfig::new();
+    for (k, v) in graphsink::CONSUMER_DEFAULTS {
+        cc.set(*k, *v);
+    }
     cc.set("bootstrap.servers", &t.bootstrap)
         .set("group.id", group)
-        .set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", "cooperative-sticky")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
     for (k, v) in &t.consumer_props {

@@ -41,6 +41,7 @@ pub use config::{
 pub use error::{Error, ErrorKind, Result};
 /// Reading a graph: its commits, and each table at the version a commit pins.
 pub use graph::{row_counts, FoldedShard, Graph, GraphCommit, TableStats};
+pub use kafka::client::CONSUMER_DEFAULTS;
 pub use kafka::queries::MissingTopic;
 pub use pipeline::{run, run_with, RunOptions, RunStats, RunSummary};
 /// What the CLI's commands do, as library calls.

@@ -31,13 +31,35 @@ fn is_consumer_only(key: &str) -> bool {
     CONSUMER_ONLY.contains(&key) || key.starts_with("fetch.") || key.starts_with("queued.")
 }
 
+/// graphsink's consumer defaults; any `[kafka]` property overrides them.
+///
+/// The fetch-queue ones are chosen by measurement (BENCHMARKS.md,
+/// docs/consumer-defaults.md). graphsink stops draining librdkafka's queue
+/// for moments (it waits on in-flight durability and on freeze cuts); with
+/// librdkafka's own defaults, the pre-fetch queue then reaches
+/// `queued.min.messages` and fetching backs off for a whole second, so the
+/// consumer starves once it has caught up with its queue.
+pub const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
+    ("auto.offset.reset", "earliest"),
+    ("partition.assignment.strategy", "cooperative-sticky"),
+    // librdkafka: 1000 ms. A full queue is re-checked after 10 ms, not 1 s.
+    ("fetch.queue.backoff.ms", "10"),
+    // librdkafka: 100000 messages per partition. Fewer is enough to keep
+    // a poll of `wal.max_poll_records` ready, and holds less memory.
+    ("queued.min.messages", "20000"),
+    // librdkafka: 65536 KiB. Bounds the pre-fetch queue's memory at large
+    // values (invariant 8: bounded memory).
+    ("queued.max.messages.kbytes", "32768"),
+];
+
 /// The group consumer's settings: graphsink's defaults, the user's
 /// pass-through properties over them, and the offset settings graphsink
 /// cannot give up.
 pub(crate) fn consumer_config(config: &Config) -> ClientConfig {
     let mut cc = ClientConfig::new();
-    cc.set("auto.offset.reset", "earliest");
-    cc.set("partition.assignment.strategy", "cooperative-sticky");
+    for (k, v) in CONSUMER_DEFAULTS {
+        cc.set(*k, *v);
+    }
     for (k, v) in &config.kafka {
         cc.set(k, v);
     }
@@ -178,5 +200,22 @@ mod tests {
             Some("cooperative-sticky")
         );
         assert_eq!(cc.get("group.id"), Some("g"));
+    }
+
+    #[test]
+    fn the_fetch_queue_defaults_apply_unless_the_user_sets_them() {
+        let cc = consumer_config(&config(&[("bootstrap.servers", "b:9092"), ("group.id", "g")]));
+        assert_eq!(cc.get("fetch.queue.backoff.ms"), Some("10"));
+        assert_eq!(cc.get("queued.min.messages"), Some("20000"));
+        assert_eq!(cc.get("queued.max.messages.kbytes"), Some("32768"));
+        let cc = consumer_config(&config(&[
+            ("bootstrap.servers", "b:9092"),
+            ("group.id", "g"),
+            ("fetch.queue.backoff.ms", "1000"),
+            ("queued.min.messages", "100000"),
+        ]));
+        assert_eq!(cc.get("fetch.queue.backoff.ms"), Some("1000"));
+        assert_eq!(cc.get("queued.min.messages"), Some("100000"));
+        assert_eq!(cc.get("queued.max.messages.kbytes"), Some("32768"));
     }
 }
