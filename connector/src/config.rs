@@ -223,6 +223,19 @@ pub enum UnknownFields {
     Ignore,
 }
 
+/// How strictly JSON numbers must match a numeric property.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Coerce {
+    /// A numeric property takes a JSON number only; an integer property
+    /// only an integral one (`3.5` and `"12"` are `wrong_type`).
+    #[default]
+    Strict,
+    /// Numeric strings parse (`"12"` → 12, `"1.5"` → 1.5) and a fractional
+    /// number for an integer property is truncated toward zero (3.5 → 3).
+    Lenient,
+}
+
 /// An edge whose endpoint node is not in the graph (yet).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -295,6 +308,9 @@ pub struct Mapping {
     pub buckets: Option<u32>,
     #[serde(default)]
     pub unknown_fields: UnknownFields,
+    /// Whether numeric properties take numeric strings and fractions.
+    #[serde(default)]
+    pub coerce: Coerce,
     /// Edges: what a missing endpoint does.
     #[serde(default)]
     pub on_missing_endpoint: EndpointPolicy,

@@ -34,7 +34,7 @@ mod validate;
 /// The `graphsink` command line (the binary is this one call).
 pub use cli::main as cli_main;
 pub use config::{
-    Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings, KeyOrigin,
+    Coerce, Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings, KeyOrigin,
     KeySource, Mapping, OffsetSettings, RetentionSettings, StorageOptions, Tolerance,
     UnknownFields, WalSettings,
 };

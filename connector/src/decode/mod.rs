@@ -17,11 +17,14 @@ use arrow_json::reader::Decoder;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use rdkafka::message::BorrowedHeaders;
 
-use crate::config::{KeyOrigin, KeySource, Mapping, UnknownFields};
+use crate::config::{Coerce, KeyOrigin, KeySource, Mapping, UnknownFields};
 use crate::error::{Context, Error, Result};
 use crate::rejects::{owned_headers, Origin, Reject, RejectCode};
 use crate::schema::{canonical_ids, row_json, GraphSchema, GraphType, TypeKind, ID};
 use crate::validate::Validator;
+
+mod numbers;
+use numbers::NumberFields;
 
 /// One consumed record, borrowed from the poll.
 #[derive(Clone, Copy)]
@@ -157,6 +160,9 @@ pub struct RecordDecoder {
     batch_size: usize,
     strict: bool,
     max_record_bytes: usize,
+    /// The numeric properties, scanned before decoding (`coerce =
+    /// "strict"`); `None` under `"lenient"` or when there are none.
+    numbers: Option<NumberFields>,
     validator: Validator,
     /// Batch decodes run (see `part_or_split`).
     decodes: u64,
@@ -193,6 +199,10 @@ impl RecordDecoder {
             TypeKind::Edge => edge_fields(schema, ty, mapping)?,
         };
         let value_schema = Arc::new(Schema::new(fields));
+        let numbers = match mapping.coerce {
+            Coerce::Strict => NumberFields::of(&value_schema),
+            Coerce::Lenient => None,
+        };
         let batch_size = batch_size + 1;
         let strict = mapping.unknown_fields == UnknownFields::Reject;
         Ok(RecordDecoder {
@@ -203,6 +213,7 @@ impl RecordDecoder {
             batch_size,
             strict,
             max_record_bytes,
+            numbers,
             validator: Validator::new(ty)?,
             decodes: 0,
         })
@@ -215,7 +226,7 @@ impl RecordDecoder {
     /// Decodes a whole poll. Records that cannot become rows are returned as
     /// rejects; the rest still go out as one batch.
     pub fn decode(&mut self, records: &[SourceRecord<'_>]) -> Result<Decoded> {
-        let (ok, mut rejects) = self.screen_sizes(records);
+        let (ok, mut rejects) = self.screen(records);
         let screened: Vec<SourceRecord> = ok.iter().map(|&i| records[i]).collect();
         let mut sorted = self.part_or_split(&screened)?;
         // Back to poll indices.
@@ -240,9 +251,10 @@ impl RecordDecoder {
         Ok(out)
     }
 
-    /// Oversized values are refused before any parsing. Returns the indices
-    /// of the others, and the rejects.
-    fn screen_sizes(&self, records: &[SourceRecord<'_>]) -> (Vec<usize>, Vec<(usize, Reject)>) {
+    /// Oversized values are refused before any parsing, and (strict
+    /// coercion) numbers the decoder would coerce silently. Returns the
+    /// indices of the others, and the rejects.
+    fn screen(&self, records: &[SourceRecord<'_>]) -> (Vec<usize>, Vec<(usize, Reject)>) {
         let mut rejects = Vec::new();
         let mut ok = Vec::with_capacity(records.len());
         for (i, r) in records.iter().enumerate() {
@@ -255,7 +267,11 @@ impl RecordDecoder {
                     );
                     rejects.push((i, self.reject(r, RejectCode::Oversized, m, None)));
                 }
-                _ => ok.push(i),
+                Some(v) => match self.numbers.as_ref().and_then(|n| n.check(v)) {
+                    Some((code, m)) => rejects.push((i, self.reject(r, code, m, None))),
+                    None => ok.push(i),
+                },
+                None => ok.push(i),
             }
         }
         (ok, rejects)
@@ -1120,6 +1136,31 @@ mod tests {
         assert_eq!((got[62].as_str(), got[63].as_str()), ("n62", "n64"));
     }
 
+    /// `coerce = "lenient"` takes what arrow-json makes of numeric strings
+    /// and fractions (README: exactly these); strict refuses them.
+    #[test]
+    fn lenient_coercion_parses_numeric_strings_and_truncates_fractions() {
+        let values = [
+            r#"{"name":"a","age":3.5}"#,
+            r#"{"name":"b","age":"12"}"#,
+            r#"{"name":"c","age":7.9}"#,
+            r#"{"name":"d","age":4.0}"#,
+        ];
+        let recs: Vec<_> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| rec(i as i64, None, Some(v)))
+            .collect();
+        let out = decoder("coerce = 'lenient'").decode(&recs).unwrap();
+        assert!(out.rejects.is_empty(), "{:?}", out.rejects);
+        assert_eq!(col(out.upserts.as_ref().unwrap(), "age"), ["3", "12", "7", "4"]);
+        let out = decoder("").decode(&recs).unwrap();
+        let codes: Vec<_> = out.rejects.iter().map(|r| (r.offset.unwrap(), r.code)).collect();
+        assert_eq!(codes, [(0, RejectCode::WrongType), (1, RejectCode::WrongType), (2, RejectCode::WrongType)]);
+        assert!(out.rejects[0].message.contains("age: 3.5 is not an integer"), "{:?}", out.rejects[0]);
+        assert_eq!(col(out.upserts.as_ref().unwrap(), "age"), ["4"]);
+    }
+
     /// Each bad record becomes exactly one reject with its code; the good
     /// records around it still decode, in one batch.
     #[test]
@@ -1179,6 +1220,17 @@ mod tests {
             ),
             (None, Some(long.as_bytes()), Some(RejectCode::Oversized)),
             (None, None, Some(RejectCode::BadTombstone)),
+            // Numbers arrow-json would coerce silently (coerce = "strict").
+            (
+                None,
+                Some(br#"{"name":"h","age":3.5}"#),
+                Some(RejectCode::WrongType),
+            ),
+            (
+                None,
+                Some(br#"{"name":"i","age":"12"}"#),
+                Some(RejectCode::WrongType),
+            ),
             (
                 None,
                 Some(br#"{"name":"ok2","age":200,"code":"ABC","color":"red"}"#),
@@ -1386,5 +1438,53 @@ mod type_tests {
             .downcast_ref::<StringArray>()
             .unwrap();
         assert_eq!(id.value(0), "9007199254740993");
+    }
+
+    /// What `coerce = "lenient"` does with float strings (README lists it).
+    #[test]
+    fn lenient_floats_take_numeric_strings_nan_and_infinity() {
+        let s = GraphSchema::parse("node F { k: String @key  d: F64?  f: F32? }", "t.pg").unwrap();
+        let values = [
+            r#"{"k":"a","d":"1.5"}"#,
+            r#"{"k":"b","d":"NaN"}"#,
+            r#"{"k":"c","d":"inf","f":"-inf"}"#,
+        ];
+        let recs: Vec<_> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| SourceRecord {
+                topic: "t",
+                partition: 0,
+                offset: i as i64,
+                timestamp: None,
+                key: None,
+                value: Some(v.as_bytes()),
+                headers: None,
+            })
+            .collect();
+        let lenient = tests::mapping("topic = 't'\nnode = 'F'\ncoerce = 'lenient'");
+        let out = RecordDecoder::new(&s, &lenient, 10, 1 << 20)
+            .unwrap()
+            .decode(&recs)
+            .unwrap();
+        assert!(out.rejects.is_empty(), "{:?}", out.rejects);
+        let rows = out.upserts.unwrap();
+        let d = rows
+            .column_by_name("d")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<arrow::array::Float64Array>()
+            .unwrap();
+        assert_eq!(d.value(0), 1.5);
+        assert!(d.value(1).is_nan());
+        assert_eq!(d.value(2), f64::INFINITY);
+        let strict = tests::mapping("topic = 't'\nnode = 'F'");
+        let out = RecordDecoder::new(&s, &strict, 10, 1 << 20)
+            .unwrap()
+            .decode(&recs)
+            .unwrap();
+        assert!(out.upserts.is_none());
+        assert!(out.rejects.iter().all(|r| r.code == RejectCode::WrongType));
+        assert_eq!(out.rejects.len(), 3);
     }
 }
