@@ -59,7 +59,7 @@ pub enum Error {
     CommitConflict { expected: String, found: String },
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
-    #[error("lance ({context}): {source}")]
+    #[error("lance ({context}): {}", without_locations(&source.to_string()))]
     Lance {
         context: String,
         #[source]
@@ -206,6 +206,17 @@ fn stringified_store_failure(text: &str) -> bool {
         && !text.contains("lacked valid authentication")
 }
 
+/// Lance's messages end with the source location that raised them (a
+/// path in the Cargo registry and a line number): noise to a user, who
+/// needs what happened and what to do.
+fn without_locations(text: &str) -> String {
+    static LOCATION: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let location = LOCATION.get_or_init(|| {
+        regex::Regex::new(r",?\s*(location:\s*)?[^\s,]+\.rs:\d+:\d+").expect("regex")
+    });
+    location.replace_all(text, "").into_owned()
+}
+
 /// Adds context to Lance and Arrow results without a closure at every call.
 pub trait Context<T> {
     fn ctx(self, context: impl std::fmt::Display) -> Result<T>;
@@ -232,6 +243,23 @@ impl<T> Context<T> for std::result::Result<T, arrow_schema::ArrowError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lance_errors_are_shown_without_source_locations() {
+        let e = Error::Lance {
+            context: "create /g/nodes/Item".into(),
+            source: lance::Error::dataset_already_exists("/g/nodes/Item"),
+        };
+        let text = e.to_string();
+        assert!(!text.contains(".rs:"), "{text}");
+        assert!(text.contains("Dataset already exists: /g/nodes/Item"), "{text}");
+        assert_eq!(
+            without_locations(
+                "Append with different schema: x, location: /root/.cargo/registry/src/index/lance-14.0.2/src/dataset.rs:12:7 (then more)"
+            ),
+            "Append with different schema: x (then more)"
+        );
+    }
 
     fn lance_io(e: impl std::error::Error + Send + Sync + 'static) -> Error {
         Error::Lance {
