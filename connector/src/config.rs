@@ -150,6 +150,11 @@ pub struct OffsetSettings {
     /// How often durable watermarks are committed to the consumer group.
     #[serde(default = "default_commit_interval", with = "humantime_serde")]
     pub commit_interval: Duration,
+    /// How long a member may hold no partition while its topics have lag
+    /// and nobody advances their committed offsets, before it rejoins the
+    /// group (and, a second time, exits). Unset: twice `session.timeout.ms`.
+    #[serde(default, with = "humantime_serde::option")]
+    pub stall_timeout: Option<Duration>,
 }
 
 /// What graphsink deletes once it is folded (docs/retention.md). A graph
@@ -808,6 +813,7 @@ impl Default for OffsetSettings {
     fn default() -> Self {
         Self {
             commit_interval: default_commit_interval(),
+            stall_timeout: None,
         }
     }
 }

@@ -91,6 +91,12 @@ pub enum Error {
         table: String,
         version: u64,
     },
+    #[error("no partition assigned for {waited:?} (a rejoin included) while {lag} records of the mapped topics wait and no member of group {group} advances their offsets: the group coordinator is stuck; exiting so the process is restarted")]
+    Unassigned {
+        group: String,
+        lag: i64,
+        waited: std::time::Duration,
+    },
     #[error("{task} panicked: {message}")]
     Panic { task: &'static str, message: String },
     #[error("failpoint {0} fired")]
@@ -112,7 +118,7 @@ impl Error {
                 ErrorKind::BadConfig
             }
             Error::Decode { .. } | Error::Intolerable { .. } => ErrorKind::BadInput,
-            Error::DeadLetter { .. } => ErrorKind::Retry,
+            Error::DeadLetter { .. } | Error::Unassigned { .. } => ErrorKind::Retry,
             Error::Fenced { .. } => ErrorKind::Fenced,
             Error::WalUnavailable { .. } => ErrorKind::Retry,
             Error::CommitConflict { .. } | Error::Kafka(_) | Error::Failpoint(_) => {

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::fold::{self, CutRequest, FoldLoop, FreezeCut, Policies};
 use crate::graph::{Graph, GraphCommit};
 use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent};
+use crate::kafka::stall::{self, StallWatch, Verdict};
 use crate::kafka::{DeadLetters, OffsetQueries};
 use crate::offsets::{DurableWatermarks, PollAck, PollSpans, TopicPartition, WrittenSpans};
 use crate::rejects;
@@ -171,10 +172,11 @@ async fn session(
     let delivered = redeliver(&graph, &dead_letters, shutdown).await?;
     let pool = ShardPool::open(&graph, &config.wal, &graph.wal_tables()).await?;
     let retention = retention::Scheduled::new(&config.retention, pool.live_shards());
-    let queries = match options.exit_at_end {
-        true => Some(OffsetQueries::connect(config)?),
-        false => None,
-    };
+    // End offsets (exit_at_end) and the group's progress (the stall watch).
+    let queries = OffsetQueries::connect(config)?;
+    let stall_bound = config.offsets.stall_timeout.unwrap_or_else(|| {
+        stall::bound_for(config.kafka.get("session.timeout.ms").map(String::as_str))
+    });
 
     // From here on, every exit closes the consumer through `consumer::close`.
     let committable: Committable = Default::default();
@@ -222,6 +224,7 @@ async fn session(
         shutdown: shutdown.clone(),
         breaker: Breaker::default(),
         last_poll: tokio::time::Instant::now(),
+        stall: StallWatch::new(stall_bound, tokio::time::Instant::now()),
     };
     if let Err(e) = run.serve(&kafka, shutdown, &mut fold).await {
         total.records += run.summary.records;
@@ -363,8 +366,9 @@ struct RunLoop<'a> {
     assigned: BTreeSet<TopicPartition>,
     /// End offsets to reach, for `exit_at_end`.
     end_targets: Option<BTreeMap<TopicPartition, i64>>,
-    /// Watermark and committed-offset queries, for `exit_at_end`.
-    queries: Option<OffsetQueries>,
+    /// Watermark and committed-offset queries, for `exit_at_end` and the
+    /// stall watch.
+    queries: OffsetQueries,
     pending_rows: u64,
     pending_bytes: u64,
     wake: Arc<Notify>,
@@ -375,6 +379,8 @@ struct RunLoop<'a> {
     breaker: Breaker,
     /// When the last poll arrived (for `exit_at_end`).
     last_poll: tokio::time::Instant,
+    /// Notices holding no partition while nobody consumes the topics.
+    stall: StallWatch,
 }
 
 /// The reject-rate breaker: rejects counted per minute; past the limit,
@@ -417,6 +423,8 @@ impl RunLoop<'_> {
         let mut commit_tick = tokio::time::interval(self.config.offsets.commit_interval);
         commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut end_check = tokio::time::interval(Duration::from_millis(200));
+        let mut stall_check = tokio::time::interval(Duration::from_secs(1));
+        stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let max_in_flight = self.config.wal.max_in_flight_polls;
         loop {
             // Priority: shutdown, then control (fold loop, rebalance, acks),
@@ -448,6 +456,7 @@ impl RunLoop<'_> {
                     }
                 }
                 _ = commit_tick.tick() => self.commit(kafka, CommitMode::Async)?,
+                _ = stall_check.tick(), if self.assigned.is_empty() => self.watch_stall(kafka).await?,
                 _ = end_check.tick(), if self.options.exit_at_end => {
                     if self.at_end().await? {
                         tracing::info!("all assigned partitions are durable up to their end offsets");
@@ -623,6 +632,7 @@ impl RunLoop<'_> {
                 tracing::info!(partitions = tps.len(), "assigned");
                 self.assigned.extend(tps);
                 self.end_targets = None;
+                self.stall.holds(!self.assigned.is_empty(), tokio::time::Instant::now());
             }
             GroupEvent::Revoked(tps) => {
                 tracing::info!(partitions = tps.len(), "revoked");
@@ -633,6 +643,7 @@ impl RunLoop<'_> {
                     shared.remove(&tp);
                 }
                 self.end_targets = None;
+                self.stall.holds(!self.assigned.is_empty(), tokio::time::Instant::now());
             }
         }
     }
@@ -682,9 +693,7 @@ impl RunLoop<'_> {
             return Ok(false);
         }
         if self.end_targets.is_none() {
-            let Some(queries) = &self.queries else {
-                return Ok(false);
-            };
+            let queries = &self.queries;
             let parts: Vec<TopicPartition> = self.assigned.iter().cloned().collect();
             let ends = queries.watermarks(parts.clone()).await?;
             let committed = queries.committed(parts).await?;
@@ -701,6 +710,45 @@ impl RunLoop<'_> {
                 .iter()
                 .all(|(tp, end)| self.marks.next(tp).is_some_and(|n| n >= *end))
         }))
+    }
+
+    /// While holding no partition: once a bound has passed, looks at the
+    /// group's progress on the mapped topics; rejoins on a first stall and
+    /// fails the run on a second (kafka/stall.rs).
+    async fn watch_stall(&mut self, kafka: &GroupConsumer) -> Result<()> {
+        let now = tokio::time::Instant::now();
+        if !self.stall.due(now) {
+            return Ok(());
+        }
+        let topics = self.config.mappings.iter().map(|m| m.topic.clone()).collect();
+        let seen = match self.queries.progress(topics).await {
+            Ok(seen) => seen,
+            Err(e) => {
+                // A broker that cannot answer is not a stuck group; librdkafka
+                // reports the outage itself.
+                tracing::debug!(error = %e, "stall watch: cannot read the group's progress");
+                return Ok(());
+            }
+        };
+        match self.stall.judge(now, seen) {
+            Verdict::Fine => Ok(()),
+            Verdict::Rejoin { lag, stalled } => {
+                tracing::warn!(
+                    lag,
+                    stalled = ?stalled,
+                    bound = ?self.stall.bound(),
+                    group = self.queries.group(),
+                    "holding no partition while the mapped topics have lag and no member advances \
+                     their committed offsets; rejoining the group (re-subscribe)"
+                );
+                consumer::resubscribe(kafka, self.config)
+            }
+            Verdict::GiveUp { lag, .. } => Err(Error::Unassigned {
+                group: self.queries.group().to_string(),
+                lag,
+                waited: self.stall.bound() * 4,
+            }),
+        }
     }
 
     /// Awaits in-flight durability, commits synchronously, lets the fold

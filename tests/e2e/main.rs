@@ -2,6 +2,7 @@
 //! tables on disk, the real binary where a process must die.
 
 mod edges;
+mod group;
 mod harness;
 mod pipeline;
 mod recovery;

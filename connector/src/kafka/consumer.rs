@@ -12,6 +12,7 @@ use rdkafka::consumer::{
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
+use super::client_log::ClientLog;
 use super::{blocking, client};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -32,9 +33,18 @@ pub(crate) type Committable = Arc<Mutex<BTreeMap<TopicPartition, i64>>>;
 pub(crate) struct GroupContext {
     events: mpsc::UnboundedSender<GroupEvent>,
     committable: Committable,
+    log: ClientLog,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        self.log.log(level, fac, message)
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.log.error(&error, reason)
+    }
+}
 
 impl ConsumerContext for GroupContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -112,11 +122,21 @@ pub(crate) fn subscribe(
     let ctx = GroupContext {
         events: tx,
         committable,
+        log: ClientLog::default(),
     };
     let consumer: GroupConsumer = client::consumer_config(config).create_with_context(ctx)?;
     let topics: Vec<&str> = config.mappings.iter().map(|m| m.topic.as_str()).collect();
     consumer.subscribe(&topics)?;
     Ok((consumer, rx))
+}
+
+/// Leaves and rejoins the group (the stall watch's remedy for a member
+/// the coordinator forgot to assign).
+pub(crate) fn resubscribe(consumer: &GroupConsumer, config: &Config) -> Result<()> {
+    consumer.unsubscribe();
+    let topics: Vec<&str> = config.mappings.iter().map(|m| m.topic.as_str()).collect();
+    consumer.subscribe(&topics)?;
+    Ok(())
 }
 
 /// Commits `offsets` (next offsets to read). A sync commit waits for the

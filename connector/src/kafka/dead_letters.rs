@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admin::{self, Created};
 use super::client;
+use super::client_log::ClientLog;
 use super::record::{reject_record, Purpose};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -22,7 +23,7 @@ const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 pub(crate) struct DeadLetters {
-    producer: FutureProducer,
+    producer: FutureProducer<ClientLog>,
     /// Dead-letter topic by source topic, and by graph type (fold rejects
     /// without source coordinates).
     by_topic: HashMap<String, String>,
@@ -42,7 +43,7 @@ impl DeadLetters {
     /// dead-letter topics that do not exist yet.
     pub(crate) async fn connect(config: &Config) -> Result<DeadLetters> {
         let cc = client::dead_letter_config(config);
-        let producer: FutureProducer = cc.create()?;
+        let producer: FutureProducer<ClientLog> = cc.create_with_context(ClientLog::default())?;
         let mut by_topic = HashMap::new();
         let mut by_type = HashMap::new();
         for m in &config.mappings {

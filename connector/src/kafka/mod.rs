@@ -5,11 +5,13 @@
 
 pub(crate) mod admin;
 pub(crate) mod client;
+pub(crate) mod client_log;
 pub(crate) mod consumer;
 pub(crate) mod dead_letters;
 pub(crate) mod produce;
 pub(crate) mod queries;
 pub(crate) mod record;
+pub(crate) mod stall;
 
 pub(crate) use dead_letters::DeadLetters;
 pub(crate) use queries::OffsetQueries;

@@ -12,6 +12,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::client::{self, QuietContext};
+use super::stall::GroupProgress;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::types::TopicPartition;
@@ -146,6 +147,19 @@ impl OffsetQueries {
                 .collect())
         })
         .await
+    }
+
+    /// The group's committed offsets of every partition of `topics`, and
+    /// the records between them (or the start) and the end.
+    pub(crate) async fn progress(&self, topics: Vec<String>) -> Result<GroupProgress> {
+        let parts = self.partitions(topics).await?.partitions;
+        let ends = self.watermarks(parts.clone()).await?;
+        let committed = self.committed(parts).await?;
+        let lag = ends
+            .iter()
+            .map(|(tp, w)| (w.high - committed.get(tp).copied().unwrap_or(w.low)).max(0))
+            .sum();
+        Ok(GroupProgress { committed, lag })
     }
 
     async fn off_runtime<T: Send + 'static>(

@@ -1,0 +1,170 @@
+//! The consumer group's liveness: a member that holds no partition while
+//! nobody consumes its topics must not sit there silently (kafka/stall.rs),
+//! and an idle member of a healthy group must not be taken for stalled.
+//!
+//! The stuck group is made with a real broker and a real second member: a
+//! plain consumer that takes the only partition and never commits (a peer
+//! that hangs while keeping its session alive). tansu 0.6's own wedge after
+//! a broker freeze looks the same to graphsink: no assignment, lag, and
+//! committed offsets that do not move.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::*;
+
+/// A plain member of `group` on `topic`: it polls (keeping its session and
+/// its partitions) until `stop`; it commits what it read only if `commits`.
+/// Returns once it holds a partition, with the thread that keeps polling.
+fn second_member(
+    group: &str,
+    topic: &str,
+    commits: bool,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    let (group, topic) = (group.to_string(), topic.to_string());
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", broker())
+            .set("group.id", &group)
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "6000")
+            .create()
+            .unwrap();
+        c.subscribe(&[&topic]).unwrap();
+        let mut read = 0u64;
+        let mut ready = Some(ready_tx);
+        while !stop.load(Ordering::Relaxed) {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
+                read += 1;
+                if commits {
+                    c.commit_message(&m, CommitMode::Sync).unwrap();
+                }
+            }
+            if c.assignment().map(|a| a.count()).unwrap_or(0) > 0 {
+                if let Some(tx) = ready.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+        read
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the second member got the partition");
+    h
+}
+
+/// Runs `graphsink run` to its end (at most `limit`): exit status, stderr.
+fn run_binary(tg: &TestGraph, limit: Duration) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
+    cmd.args(["run", "--config"])
+        .arg(tg.config_path())
+        .env("RUST_LOG", "info,lance=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    graphsink_testkit::tie_to_parent(&mut cmd);
+    let mut child = cmd.spawn().expect("spawn graphsink run");
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    (status, reader.join().unwrap())
+}
+
+/// The held-out finding: a member joined, got no assignment, and sat for
+/// minutes with the topic's records waiting and nothing logged. Now it
+/// warns and rejoins after `offsets.stall_timeout`, and when the rejoin
+/// changes nothing it exits non-zero, saying why, so an orchestrator
+/// restarts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_partitions_while_nobody_consumes_rejoins_then_exits() {
+    let tg = TestGraph::new(&["node = \"Person\""], "[offsets]\nstall_timeout = \"2s\"");
+    let topic = tg.topics[0].clone();
+    create_topic(&topic, 1).await;
+    let recs: Vec<Rec> = (0..20)
+        .map(|i| rec(0, None, Some(json!({"name": format!("p{i}")}))))
+        .collect();
+    produce(&topic, &recs).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let squatter = second_member(&tg.group, &topic, false, stop.clone());
+
+    let started = Instant::now();
+    let (status, stderr) = tokio::task::block_in_place(|| run_binary(&tg, Duration::from_secs(90)));
+    stop.store(true, Ordering::Relaxed);
+    squatter.join().unwrap();
+
+    assert!(status.is_some(), "graphsink sat unassigned for 90 s:\n{stderr}");
+    assert_ne!(status, Some(0), "a stuck group is a failure:\n{stderr}");
+    assert!(
+        stderr.contains("rejoining the group"),
+        "no WARN before the rejoin:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("no partition assigned") && stderr.contains("20 records"),
+        "the exit does not say why:\n{stderr}"
+    );
+    // Two bounds to a rejoin, two more to give up, plus the joins.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(committed(&tg.group, &topic, 1).is_empty());
+}
+
+/// An idle member of a group whose other member consumes and commits is
+/// fine for as long as it stays idle: the offsets it watches move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_member_of_a_consuming_group_is_not_stalled() {
+    crate::init_logs();
+    let tg = TestGraph::new(&["node = \"Person\""], "[offsets]\nstall_timeout = \"1s\"");
+    let topic = tg.topics[0].clone();
+    create_topic(&topic, 1).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = second_member(&tg.group, &topic, true, stop.clone());
+
+    let run_stop = CancellationToken::new();
+    let run = tokio::spawn(graphsink::run(tg.config(), run_stop.clone()));
+    // Records keep arriving for 12 bounds; the other member takes them all.
+    let until = Instant::now() + Duration::from_secs(12);
+    let mut i = 0;
+    while Instant::now() < until {
+        produce(&topic, &[rec(0, None, Some(json!({"name": format!("q{i}")})))]).await;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!run.is_finished(), "the idle member stopped: {:?}", run.await);
+    }
+    run_stop.cancel();
+    run.await.unwrap().expect("the idle member ends cleanly");
+    stop.store(true, Ordering::Relaxed);
+    let read = tokio::task::spawn_blocking(move || worker.join().unwrap())
+        .await
+        .unwrap();
+    assert!(read > 0, "the other member consumed");
+}
+
