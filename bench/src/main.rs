@@ -80,6 +80,10 @@ struct Args {
     /// (graphsink and both baselines); repeatable.
     #[arg(long = "consumer-prop", value_parser = parse_prop)]
     consumer_props: Vec<(String, String)>,
+    /// The mappings' `coerce`: "strict" (the default) scans each value's
+    /// numbers before decoding; "lenient" skips that scan.
+    #[arg(long, default_value = "strict", value_parser = ["strict", "lenient"])]
+    coerce: String,
     /// `fetch.wait.max.ms` of every measured consumer; 0 keeps librdkafka's
     /// 500 ms. tansu 0.6 holds each fetch for the whole wait even when data
     /// is there, so at 500 ms every consumer measures the broker's wait.
@@ -340,6 +344,7 @@ impl Run {
             consumer_props,
             commit_every: Duration::from_millis(a.commit_interval_ms.max(1)),
             wal_flush: Duration::from_millis(a.wal_flush_ms.max(1)),
+            coerce: a.coerce.clone(),
         };
         let mut shape = Shape {
             keys: a.keys.unwrap_or((a.records / 2).max(1)),
@@ -394,7 +399,7 @@ impl Run {
                 "value_bytes": a.value_bytes,
                 "partitions": a.partitions, "buckets": a.buckets, "fold_interval": a.fold_interval,
                 "direct_batch": a.direct_batch, "commit_interval_ms": a.commit_interval_ms, "wal_flush_ms": a.wal_flush_ms,
-                "consumer_props": t.consumer_props, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
+                "consumer_props": t.consumer_props, "coerce": t.coerce, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
             }),
             commit_sample_interval_ms: a.sample_ms,
             ..Default::default()

@@ -41,6 +41,8 @@ pub struct Target {
     pub commit_every: std::time::Duration,
     /// graphsink's `wal.flush_interval`.
     pub wal_flush: std::time::Duration,
+    /// The mappings' `coerce` ("strict" scans numbers before decoding).
+    pub coerce: String,
 }
 
 /// (time ms, committed offset per slot), in time order.
@@ -295,6 +297,7 @@ commit_interval = "{commit_ms}ms"
 topic = "{topic}"
 node = "{node}"
 key = "value"
+coerce = "{coerce}"
 {edges}
 "#,
         root = root.uri,
@@ -307,9 +310,11 @@ key = "value"
         // Edge ids are the Kafka key; endpoints that are not folded yet wait
         // (the default `defer`), as in production.
         edges = t.topics.edges.as_ref().map_or(String::new(), |e| format!(
-            "[[mapping]]\ntopic = \"{e}\"\nedge = \"{}\"\nkey = \"kafka\"\n",
-            crate::workload::EDGE
+            "[[mapping]]\ntopic = \"{e}\"\nedge = \"{}\"\nkey = \"kafka\"\ncoerce = \"{}\"\n",
+            crate::workload::EDGE,
+            t.coerce
         )),
+        coerce = t.coerce,
         extra = t
             .consumer_props
             .iter()
