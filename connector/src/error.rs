@@ -258,7 +258,10 @@ mod tests {
         };
         let text = e.to_string();
         assert!(!text.contains(".rs:"), "{text}");
-        assert!(text.contains("Dataset already exists: /g/nodes/Item"), "{text}");
+        assert!(
+            text.contains("Dataset already exists: /g/nodes/Item"),
+            "{text}"
+        );
         assert_eq!(
             without_locations(
                 "Append with different schema: x, location: /root/.cargo/registry/src/index/lance-14.0.2/src/dataset.rs:12:7 (then more)"

@@ -34,8 +34,8 @@ mod validate;
 /// The `graphsink` command line (the binary is this one call).
 pub use cli::main as cli_main;
 pub use config::{
-    Coerce, Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings, KeyOrigin,
-    KeySource, Mapping, OffsetSettings, RetentionSettings, StorageOptions, Tolerance,
+    Coerce, Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings,
+    KeyOrigin, KeySource, Mapping, OffsetSettings, RetentionSettings, StorageOptions, Tolerance,
     UnknownFields, WalSettings,
 };
 pub use error::{Error, ErrorKind, Result};

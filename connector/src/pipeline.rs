@@ -632,7 +632,8 @@ impl RunLoop<'_> {
                 tracing::info!(partitions = tps.len(), "assigned");
                 self.assigned.extend(tps);
                 self.end_targets = None;
-                self.stall.holds(!self.assigned.is_empty(), tokio::time::Instant::now());
+                self.stall
+                    .holds(!self.assigned.is_empty(), tokio::time::Instant::now());
             }
             GroupEvent::Revoked(tps) => {
                 tracing::info!(partitions = tps.len(), "revoked");
@@ -643,7 +644,8 @@ impl RunLoop<'_> {
                     shared.remove(&tp);
                 }
                 self.end_targets = None;
-                self.stall.holds(!self.assigned.is_empty(), tokio::time::Instant::now());
+                self.stall
+                    .holds(!self.assigned.is_empty(), tokio::time::Instant::now());
             }
         }
     }
@@ -720,7 +722,12 @@ impl RunLoop<'_> {
         if !self.stall.due(now) {
             return Ok(());
         }
-        let topics = self.config.mappings.iter().map(|m| m.topic.clone()).collect();
+        let topics = self
+            .config
+            .mappings
+            .iter()
+            .map(|m| m.topic.clone())
+            .collect();
         let seen = match self.queries.progress(topics).await {
             Ok(seen) => seen,
             Err(e) => {

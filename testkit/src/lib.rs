@@ -2,9 +2,10 @@
 //! Both need a private Kafka broker, and the tests an S3 server; keeping
 //! the one way to start each here means they cannot drift apart. The fault
 //! proxy sits between the object store client and the S3 server, for the
-//! storage-fault tests.
+//! storage-fault tests. The hostile-input generator feeds the reject tests.
 
 pub mod faults;
+pub mod hostile;
 pub mod s3;
 pub mod tansu;
 

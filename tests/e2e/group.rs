@@ -118,7 +118,10 @@ async fn a_member_without_partitions_while_nobody_consumes_rejoins_then_exits() 
     stop.store(true, Ordering::Relaxed);
     squatter.join().unwrap();
 
-    assert!(status.is_some(), "graphsink sat unassigned for 90 s:\n{stderr}");
+    assert!(
+        status.is_some(),
+        "graphsink sat unassigned for 90 s:\n{stderr}"
+    );
     assert_ne!(status, Some(0), "a stuck group is a failure:\n{stderr}");
     assert!(
         stderr.contains("rejoining the group"),
@@ -154,10 +157,18 @@ async fn an_idle_member_of_a_consuming_group_is_not_stalled() {
     let until = Instant::now() + Duration::from_secs(12);
     let mut i = 0;
     while Instant::now() < until {
-        produce(&topic, &[rec(0, None, Some(json!({"name": format!("q{i}")})))]).await;
+        produce(
+            &topic,
+            &[rec(0, None, Some(json!({"name": format!("q{i}")})))],
+        )
+        .await;
         i += 1;
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(!run.is_finished(), "the idle member stopped: {:?}", run.await);
+        assert!(
+            !run.is_finished(),
+            "the idle member stopped: {:?}",
+            run.await
+        );
     }
     run_stop.cancel();
     run.await.unwrap().expect("the idle member ends cleanly");
@@ -167,4 +178,3 @@ async fn an_idle_member_of_a_consuming_group_is_not_stalled() {
         .unwrap();
     assert!(read > 0, "the other member consumed");
 }
-

@@ -423,3 +423,113 @@ crate::on_every_backend!(
     a_hostile_corpus_is_rejected_record_by_record_in_both_sinks,
     a_crash_between_publish_and_dead_letter_redelivers,
 );
+
+/// The generated hostile corpus (over 300 distinct bad records across every
+/// `.pg` type and constraint, graphsink-testkit's `hostile`) through a real
+/// broker: each bad record is exactly one reject with an allowed code in
+/// `_ingest_rejects` and exactly one message on the dead-letter topic; the
+/// records accepted on purpose land as rows; every offset is committed and
+/// the connector never stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generated_hostile_corpus_lands_once_in_both_sinks() {
+    use graphsink_testkit::hostile::{self, Expect, Feed};
+    const MAX: usize = hostile::MIN_RECORD_BYTES;
+    let corpus = hostile::corpus_for(MAX);
+    let feeds: Vec<&str> = Feed::ALL.iter().map(|f| f.mapping()).collect();
+    let tg = TestGraph::with_schema(
+        hostile::SCHEMA,
+        &feeds,
+        &format!("[errors]\nmax_record_bytes = {MAX}"),
+    );
+    let topic_of = |f: Feed| tg.topics[Feed::ALL.iter().position(|x| *x == f).unwrap()].clone();
+    // (topic, offset) → the record there.
+    let mut at: BTreeMap<(String, i64), &hostile::Hostile> = BTreeMap::new();
+    for feed in Feed::ALL {
+        let topic = topic_of(feed);
+        create_topic(&topic, 1).await;
+        let mine: Vec<&hostile::Hostile> = corpus.iter().filter(|h| h.feed == feed).collect();
+        let recs: Vec<RawRec> = mine
+            .iter()
+            .map(|h| RawRec {
+                partition: 0,
+                key: h.key.clone(),
+                value: h.value.clone(),
+                headers: h.headers.clone(),
+            })
+            .collect();
+        produce_raw(&topic, &recs).await;
+        for (i, h) in mine.into_iter().enumerate() {
+            at.insert((topic.clone(), i as i64), h);
+        }
+    }
+    try_run_to_end(&tg)
+        .await
+        .expect("hostile input never stops the connector");
+    for feed in Feed::ALL {
+        let n = corpus.iter().filter(|h| h.feed == feed).count() as i64;
+        assert_eq!(
+            committed(&tg.group, &topic_of(feed), 1).get(&0),
+            Some(&n),
+            "{feed:?}"
+        );
+    }
+
+    let rows = rejects_at_head(&tg).await;
+    let mut table: BTreeMap<(String, i64), Vec<String>> = BTreeMap::new();
+    for r in &rows {
+        let place = (
+            r["topic"].as_str().unwrap().to_string(),
+            r["offset"].as_i64().unwrap(),
+        );
+        table
+            .entry(place)
+            .or_default()
+            .push(r["code"].as_str().unwrap().to_string());
+    }
+    let bad = corpus.iter().filter(|h| h.expect != Expect::Accept).count();
+    let mut wrong = Vec::new();
+    for (place, h) in &at {
+        let codes = table.get(place).cloned().unwrap_or_default();
+        let ok = match &h.expect {
+            Expect::Reject(allowed) => codes.len() == 1 && allowed.contains(&codes[0].as_str()),
+            Expect::Accept => codes.is_empty(),
+        };
+        if !ok {
+            wrong.push(format!(
+                "{}: expected {:?}, the table has {codes:?}",
+                h.name, h.expect
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    assert_eq!(rows.len(), bad);
+
+    // The accepted Things are rows.
+    let things = tg.rows("nodes/Thing").await;
+    let accepted_things = at
+        .iter()
+        .filter(|((t, _), h)| *t == topic_of(Feed::Things) && h.expect == Expect::Accept)
+        .count();
+    assert_eq!(things.len(), accepted_things, "{:?}", things.keys());
+
+    // The dead-letter topic: one message per reject, by its place.
+    let dlq = read_topic(&tg.dlq, bad + 1, Duration::from_secs(60));
+    let mut seen: BTreeMap<(String, i64), usize> = BTreeMap::new();
+    for m in &dlq {
+        let topic = m.header("__connect.errors.topic").expect("topic header");
+        let offset: i64 = m
+            .header("__connect.errors.offset")
+            .unwrap()
+            .parse()
+            .unwrap();
+        *seen.entry((topic, offset)).or_default() += 1;
+    }
+    assert_eq!(dlq.len(), bad, "exactly one dead letter per reject");
+    assert!(seen.values().all(|&n| n == 1));
+    assert!(seen.keys().all(|p| table.contains_key(p)));
+}

@@ -23,8 +23,8 @@ use crate::rejects::{owned_headers, Origin, Reject, RejectCode};
 use crate::schema::{canonical_ids, row_json, GraphSchema, GraphType, TypeKind, ID};
 use crate::validate::Validator;
 
-mod numbers;
-use numbers::NumberFields;
+mod screen;
+use screen::ValueScreen;
 
 /// One consumed record, borrowed from the poll.
 #[derive(Clone, Copy)]
@@ -160,9 +160,9 @@ pub struct RecordDecoder {
     batch_size: usize,
     strict: bool,
     max_record_bytes: usize,
-    /// The numeric properties, scanned before decoding (`coerce =
-    /// "strict"`); `None` under `"lenient"` or when there are none.
-    numbers: Option<NumberFields>,
+    /// Checks each value before decoding: JSON syntax, and (`coerce =
+    /// "strict"`) numbers arrow-json would coerce silently.
+    screen: ValueScreen,
     validator: Validator,
     /// Batch decodes run (see `part_or_split`).
     decodes: u64,
@@ -199,10 +199,7 @@ impl RecordDecoder {
             TypeKind::Edge => edge_fields(schema, ty, mapping)?,
         };
         let value_schema = Arc::new(Schema::new(fields));
-        let numbers = match mapping.coerce {
-            Coerce::Strict => NumberFields::of(&value_schema),
-            Coerce::Lenient => None,
-        };
+        let screen = ValueScreen::new(&value_schema, mapping.coerce == Coerce::Strict);
         let batch_size = batch_size + 1;
         let strict = mapping.unknown_fields == UnknownFields::Reject;
         Ok(RecordDecoder {
@@ -213,7 +210,7 @@ impl RecordDecoder {
             batch_size,
             strict,
             max_record_bytes,
-            numbers,
+            screen,
             validator: Validator::new(ty)?,
             decodes: 0,
         })
@@ -251,23 +248,24 @@ impl RecordDecoder {
         Ok(out)
     }
 
-    /// Oversized values are refused before any parsing, and (strict
-    /// coercion) numbers the decoder would coerce silently. Returns the
-    /// indices of the others, and the rejects.
+    /// Oversized records are refused before any parsing, then values the
+    /// screen refuses (JSON arrow-json would take, numbers it would coerce
+    /// silently). Returns the indices of the others, and the rejects.
     fn screen(&self, records: &[SourceRecord<'_>]) -> (Vec<usize>, Vec<(usize, Reject)>) {
         let mut rejects = Vec::new();
         let mut ok = Vec::with_capacity(records.len());
         for (i, r) in records.iter().enumerate() {
+            let key = r.key.map_or(0, <[u8]>::len);
             match r.value {
-                Some(v) if v.len() > self.max_record_bytes => {
+                _ if key + r.value.map_or(0, <[u8]>::len) > self.max_record_bytes => {
                     let m = format!(
-                        "value is {} bytes, over errors.max_record_bytes = {}",
-                        v.len(),
+                        "key and value are {} bytes, over errors.max_record_bytes = {}",
+                        key + r.value.map_or(0, <[u8]>::len),
                         self.max_record_bytes
                     );
                     rejects.push((i, self.reject(r, RejectCode::Oversized, m, None)));
                 }
-                Some(v) => match self.numbers.as_ref().and_then(|n| n.check(v)) {
+                Some(v) => match self.screen.check(v) {
                     Some((code, m)) => rejects.push((i, self.reject(r, code, m, None))),
                     None => ok.push(i),
                 },
@@ -1136,6 +1134,17 @@ mod tests {
         assert_eq!((got[62].as_str(), got[63].as_str()), ("n62", "n64"));
     }
 
+    /// Duplicate JSON keys are accepted on purpose: the last one wins
+    /// (README, "Validation and rejects").
+    #[test]
+    fn a_duplicate_json_key_takes_its_last_value() {
+        let out = decoder("")
+            .decode(&[rec(0, None, Some(r#"{"name":"a","age":1,"age":2}"#))])
+            .unwrap();
+        assert!(out.rejects.is_empty(), "{:?}", out.rejects);
+        assert_eq!(col(out.upserts.as_ref().unwrap(), "age"), ["2"]);
+    }
+
     /// `coerce = "lenient"` takes what arrow-json makes of numeric strings
     /// and fractions (README: exactly these); strict refuses them.
     #[test]
@@ -1153,11 +1162,31 @@ mod tests {
             .collect();
         let out = decoder("coerce = 'lenient'").decode(&recs).unwrap();
         assert!(out.rejects.is_empty(), "{:?}", out.rejects);
-        assert_eq!(col(out.upserts.as_ref().unwrap(), "age"), ["3", "12", "7", "4"]);
+        assert_eq!(
+            col(out.upserts.as_ref().unwrap(), "age"),
+            ["3", "12", "7", "4"]
+        );
         let out = decoder("").decode(&recs).unwrap();
-        let codes: Vec<_> = out.rejects.iter().map(|r| (r.offset.unwrap(), r.code)).collect();
-        assert_eq!(codes, [(0, RejectCode::WrongType), (1, RejectCode::WrongType), (2, RejectCode::WrongType)]);
-        assert!(out.rejects[0].message.contains("age: 3.5 is not an integer"), "{:?}", out.rejects[0]);
+        let codes: Vec<_> = out
+            .rejects
+            .iter()
+            .map(|r| (r.offset.unwrap(), r.code))
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                (0, RejectCode::WrongType),
+                (1, RejectCode::WrongType),
+                (2, RejectCode::WrongType)
+            ]
+        );
+        assert!(
+            out.rejects[0]
+                .message
+                .contains("age: 3.5 is not an integer"),
+            "{:?}",
+            out.rejects[0]
+        );
         assert_eq!(col(out.upserts.as_ref().unwrap(), "age"), ["4"]);
     }
 
@@ -1486,5 +1515,111 @@ mod type_tests {
         assert!(out.upserts.is_none());
         assert!(out.rejects.iter().all(|r| r.code == RejectCode::WrongType));
         assert_eq!(out.rejects.len(), 3);
+    }
+}
+
+/// The hostile corpus (graphsink-testkit's generator) against the decoder
+/// alone: every record, decoded alone and within its whole feed as one
+/// poll, gives exactly what the corpus says (one reject with a typed code,
+/// or a row), and nothing panics.
+#[cfg(test)]
+mod hostile_tests {
+    use super::*;
+    use graphsink_testkit::hostile::{self, Expect, Feed};
+
+    fn decoder(feed: Feed) -> RecordDecoder {
+        let schema = GraphSchema::parse(hostile::SCHEMA, "hostile.pg").unwrap();
+        let m = tests::mapping(&format!("topic = 't'\n{}", feed.mapping()));
+        RecordDecoder::new(&schema, &m, 1000, hostile::MAX_RECORD_BYTES).unwrap()
+    }
+
+    fn record(h: &hostile::Hostile, offset: i64) -> SourceRecord<'_> {
+        SourceRecord {
+            topic: "t",
+            partition: 0,
+            offset,
+            timestamp: Some(1),
+            key: h.key.as_deref(),
+            value: h.value.as_deref(),
+            headers: None,
+        }
+    }
+
+    /// What came out for the record at `offset`: its reject codes, and
+    /// whether it became a row (or a delete).
+    fn outcome(
+        out: &Decoded,
+        offset: i64,
+        id_of: &dyn Fn(&RecordBatch, usize) -> i64,
+    ) -> (Vec<&'static str>, bool) {
+        let codes = out
+            .rejects
+            .iter()
+            .filter(|r| r.offset == Some(offset))
+            .map(|r| r.code.as_str())
+            .collect();
+        let row = out
+            .upserts
+            .as_ref()
+            .is_some_and(|b| (0..b.num_rows()).any(|i| id_of(b, i) == offset));
+        (codes, row)
+    }
+
+    fn offset_at(b: &RecordBatch, i: usize) -> i64 {
+        b.column_by_name("_src_offset")
+            .and_then(|c| c.as_any().downcast_ref::<Int64Array>().map(|a| a.value(i)))
+            .expect("provenance offset")
+    }
+
+    fn judge(
+        h: &hostile::Hostile,
+        (codes, row): (Vec<&'static str>, bool),
+        how: &str,
+    ) -> Option<String> {
+        let ok = match &h.expect {
+            Expect::Reject(allowed) => codes.len() == 1 && allowed.contains(&codes[0]) && !row,
+            Expect::Accept => codes.is_empty() && (row || h.value.is_none()),
+        };
+        (!ok).then(|| {
+            format!(
+                "{} ({how}): expected {:?}, got rejects {codes:?}, row {row}",
+                h.name, h.expect
+            )
+        })
+    }
+
+    #[test]
+    fn every_hostile_record_gives_exactly_its_outcome() {
+        let corpus = hostile::corpus();
+        let mut wrong = Vec::new();
+        for feed in Feed::ALL {
+            let mine: Vec<_> = corpus.iter().filter(|h| h.feed == feed).collect();
+            // Alone: one poll per record.
+            for h in &mine {
+                let out = decoder(feed)
+                    .decode(&[record(h, 0)])
+                    .expect("decode never fails the poll");
+                wrong.extend(judge(h, outcome(&out, 0, &offset_at), "alone"));
+            }
+            // Together: the whole feed as one poll (the halving path).
+            let recs: Vec<_> = mine
+                .iter()
+                .enumerate()
+                .map(|(i, h)| record(h, i as i64))
+                .collect();
+            let out = decoder(feed)
+                .decode(&recs)
+                .expect("decode never fails the poll");
+            for (i, h) in mine.iter().enumerate() {
+                wrong.extend(judge(h, outcome(&out, i as i64, &offset_at), "in one poll"));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "{} of {} cases:\n{}",
+            wrong.len(),
+            corpus.len() * 2,
+            wrong.join("\n")
+        );
     }
 }

@@ -204,7 +204,10 @@ mod tests {
 
     #[test]
     fn the_fetch_queue_defaults_apply_unless_the_user_sets_them() {
-        let cc = consumer_config(&config(&[("bootstrap.servers", "b:9092"), ("group.id", "g")]));
+        let cc = consumer_config(&config(&[
+            ("bootstrap.servers", "b:9092"),
+            ("group.id", "g"),
+        ]));
         assert_eq!(cc.get("fetch.queue.backoff.ms"), Some("10"));
         assert_eq!(cc.get("queued.min.messages"), Some("20000"));
         assert_eq!(cc.get("queued.max.messages.kbytes"), Some("32768"));

@@ -81,7 +81,10 @@ impl Default for ClientLog {
 impl ClientLog {
     pub(crate) fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         use RDKafkaLogLevel as L;
-        let warn = matches!(level, L::Emerg | L::Alert | L::Critical | L::Error | L::Warning);
+        let warn = matches!(
+            level,
+            L::Emerg | L::Alert | L::Critical | L::Error | L::Warning
+        );
         if !warn {
             tracing::debug!(target: "librdkafka", fac, "{message}");
             return;

@@ -30,9 +30,15 @@ pub(crate) struct GroupProgress {
 pub(crate) enum Verdict {
     Fine,
     /// Stalled for `stalled`: re-subscribe once and say so.
-    Rejoin { lag: i64, stalled: Duration },
+    Rejoin {
+        lag: i64,
+        stalled: Duration,
+    },
     /// Still stalled after a rejoin: fail the run.
-    GiveUp { lag: i64, stalled: Duration },
+    GiveUp {
+        lag: i64,
+        stalled: Duration,
+    },
 }
 
 #[derive(Debug)]
@@ -203,7 +209,10 @@ mod tests {
         w.holds(false, t0 + 5 * B);
         w.judge(t0 + 6 * B, progress(1, &[0]));
         assert!(
-            matches!(w.judge(t0 + 7 * B, progress(1, &[0])), Verdict::Rejoin { .. }),
+            matches!(
+                w.judge(t0 + 7 * B, progress(1, &[0])),
+                Verdict::Rejoin { .. }
+            ),
             "a fresh stall rejoins again rather than giving up"
         );
     }

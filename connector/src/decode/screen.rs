@@ -1,15 +1,18 @@
-//! Strict JSON numbers. arrow-json reads a numeric string into a numeric
-//! column (`"12"` → 12) and truncates a fraction into an integer column
-//! (3.5 → 3), silently. Unless a mapping opts into `coerce = "lenient"`,
-//! each value is first scanned for its numeric properties, and such a value
-//! is a typed reject instead. The scan reads only the top-level fields that
-//! hold numbers and skips the rest unparsed.
+//! The value screen, run on each value before arrow-json decodes its poll.
+//! arrow-json is fast but forgiving: it takes some malformed JSON (a
+//! missing comma, a raw tab in a string, a leading zero), reads a numeric
+//! string into a numeric column (`"12"` → 12), truncates a fraction into an
+//! integer column (3.5 → 3), and reads a number beyond F64 as infinity, all
+//! silently. The screen parses each value with serde_json (the reference
+//! parser; fields it does not check are skipped, not built) and refuses
+//! those with a typed code. The number rules hold unless a mapping opts
+//! into `coerce = "lenient"`.
 
 use std::cell::RefCell;
 use std::fmt;
 
 use arrow_schema::{DataType, Schema};
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::rejects::RejectCode;
 
@@ -22,6 +25,9 @@ enum Want {
     Float { f32_range: bool },
     /// A JSON array of such values.
     List(Box<Want>),
+    /// A date or time: a string (arrow-json would also read a number as
+    /// days or epoch units, silently).
+    Temporal,
 }
 
 impl Want {
@@ -37,6 +43,7 @@ impl Want {
             | DataType::UInt64 => Some(Want::Int),
             DataType::Float16 | DataType::Float32 => Some(Want::Float { f32_range: true }),
             DataType::Float64 => Some(Want::Float { f32_range: false }),
+            DataType::Date32 | DataType::Date64 | DataType::Timestamp(..) => Some(Want::Temporal),
             DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
                 Want::of(f.data_type()).map(|w| Want::List(Box::new(w)))
             }
@@ -45,29 +52,42 @@ impl Want {
     }
 }
 
-/// The numeric top-level fields of a value schema.
+/// The numeric (and temporal) top-level fields of a value schema, checked
+/// only under strict coercion.
 #[derive(Debug, Clone)]
-pub(super) struct NumberFields {
+pub(super) struct ValueScreen {
     fields: Vec<(String, Want)>,
 }
+
+/// How serde read a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    Integer,
+    Float,
+}
+
+/// The largest magnitude below which every integer is an exact f64.
+const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 
 /// Why a value's number does not fit its property.
 pub(super) type Misfit = (RejectCode, String);
 
-impl NumberFields {
-    /// `None` when the schema has no numeric field (nothing to scan).
-    pub(super) fn of(schema: &Schema) -> Option<NumberFields> {
-        let fields: Vec<(String, Want)> = schema
+impl ValueScreen {
+    /// With `strict_numbers`, the number rules apply to `schema`'s fields;
+    /// without, only the JSON itself is checked.
+    pub(super) fn new(schema: &Schema, strict_numbers: bool) -> ValueScreen {
+        let fields = schema
             .fields()
             .iter()
+            .filter(|_| strict_numbers)
             .filter_map(|f| Want::of(f.data_type()).map(|w| (f.name().clone(), w)))
             .collect();
-        (!fields.is_empty()).then_some(NumberFields { fields })
+        ValueScreen { fields }
     }
 
-    /// The first numeric field of `raw` whose value does not fit. A value
-    /// that is not a JSON object, or not JSON, passes: the decoder refuses
-    /// it with the right code.
+    /// Why `raw` cannot be decoded as it stands, if it cannot: not UTF-8,
+    /// not JSON, not an object, or (strict) the first field whose number
+    /// does not fit.
     pub(super) fn check(&self, raw: &[u8]) -> Option<Misfit> {
         let found = RefCell::new(None);
         let mut de = serde_json::Deserializer::from_slice(raw);
@@ -79,7 +99,7 @@ impl NumberFields {
         });
         match read.and_then(|()| de.end()) {
             Ok(()) => found.into_inner(),
-            Err(_) => None,
+            Err(e) => Some(refusal(raw, &e)),
         }
     }
 
@@ -89,7 +109,7 @@ impl NumberFields {
 }
 
 struct ObjectVisitor<'a> {
-    fields: &'a NumberFields,
+    fields: &'a ValueScreen,
     found: &'a RefCell<Option<Misfit>>,
 }
 
@@ -110,12 +130,92 @@ impl<'de> Visitor<'de> for ObjectVisitor<'_> {
                     found: self.found,
                 })?,
                 None => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<Skip>()?;
                 }
             }
         }
         Ok(())
     }
+}
+
+/// Any JSON value, read and dropped. Unlike serde's `IgnoredAny` (which
+/// serde_json skips without a depth limit), it goes through
+/// `deserialize_any`, so serde_json's recursion limit (128 levels) holds:
+/// arrow-json formats a deeply nested misfit recursively in its error
+/// message and would overflow the stack at 10^5 levels.
+struct Skip;
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Skip, D::Error> {
+        d.deserialize_any(SkipVisitor)
+    }
+}
+
+struct SkipVisitor;
+
+impl<'de> Visitor<'de> for SkipVisitor {
+    type Value = Skip;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_unit<E>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
+        while seq.next_element::<Skip>()?.is_some() {}
+        Ok(Skip)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
+        while map.next_entry::<Skip, Skip>()?.is_some() {}
+        Ok(Skip)
+    }
+}
+
+/// The code for a value serde_json refused.
+fn refusal(raw: &[u8], e: &serde_json::Error) -> Misfit {
+    if let Err(u) = std::str::from_utf8(raw) {
+        return (RejectCode::NotUtf8, format!("value is not UTF-8: {u}"));
+    }
+    let text = e.to_string();
+    if text.starts_with("number out of range") {
+        // arrow-json would read it as an infinity.
+        return (
+            RejectCode::Overflow,
+            format!("a number is beyond the range of F64 ({text})"),
+        );
+    }
+    if e.is_data() {
+        // Valid JSON of another kind (`null`, `[]`, `1`, `"s"`).
+        return (RejectCode::NotAnObject, "value is not a JSON object".into());
+    }
+    (
+        RejectCode::MalformedJson,
+        format!("value is not JSON: {text}"),
+    )
 }
 
 /// One property's value, checked against `want`.
@@ -134,11 +234,23 @@ impl Value<'_> {
         Ok(())
     }
 
-    fn number<E: de::Error>(&self, text: &dyn fmt::Display, f: f64) -> Result<(), E> {
+    fn number<E: de::Error>(&self, text: &dyn fmt::Display, f: f64, kind: Read) -> Result<(), E> {
         match self.want {
+            Want::Temporal => self.misfit(
+                RejectCode::WrongType,
+                format!("expected a date or time string, got {text} (set coerce = \"lenient\" to read epoch numbers)"),
+            ),
             Want::Int if f.fract() != 0.0 => self.misfit(
                 RejectCode::WrongType,
                 format!("{text} is not an integer (set coerce = \"lenient\" to truncate)"),
+            ),
+            // serde reads an integer as f64 only when it is written as one
+            // (`3.0`, `1e3`) or lies beyond 64 bits; past 2^53 it is not
+            // exact, and arrow-json would round it into range (2^63 + 1 as
+            // I64::MIN) silently.
+            Want::Int if kind == Read::Float && f.abs() > MAX_EXACT => self.misfit(
+                RejectCode::Overflow,
+                format!("{text} is beyond ±2^53 and not an exact integer (write it without a fraction or exponent, within the type)"),
             ),
             Want::Float { f32_range: true } if f.is_finite() && f.abs() > f32::MAX as f64 => {
                 self.misfit(RejectCode::Overflow, format!("{text} does not fit F32"))
@@ -168,20 +280,21 @@ impl<'de> Visitor<'de> for Value<'_> {
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.number(&v, v as f64)
+        self.number(&v, v as f64, Read::Integer)
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.number(&v, v as f64)
+        self.number(&v, v as f64, Read::Integer)
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.number(&v, v)
+        self.number(&v, v, Read::Float)
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
         let shown: String = v.chars().take(40).collect();
         match self.want {
+            Want::Temporal => Ok(()),
             Want::List(_) => self.misfit(
                 RejectCode::WrongType,
                 format!("expected a list, got a string {shown:?}"),
@@ -198,7 +311,7 @@ impl<'de> Visitor<'de> for Value<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let Want::List(item) = self.want else {
             // Not a number: the decoder says wrong_type with its own text.
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            while seq.next_element::<Skip>()?.is_some() {}
             return Ok(());
         };
         while seq
@@ -222,7 +335,7 @@ impl<'de> Visitor<'de> for Value<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        while map.next_entry::<Skip, Skip>()?.is_some() {}
         Ok(())
     }
 }
@@ -233,17 +346,21 @@ mod tests {
     use arrow_schema::Field;
     use std::sync::Arc;
 
-    fn fields() -> NumberFields {
+    fn schema() -> Schema {
         let list = |t: DataType| DataType::List(Arc::new(Field::new("item", t, true)));
-        NumberFields::of(&Schema::new(vec![
+        Schema::new(vec![
             Field::new("name", DataType::Utf8, false),
             Field::new("qty", DataType::Int32, true),
             Field::new("big", DataType::UInt64, true),
             Field::new("price", DataType::Float64, true),
             Field::new("ratio", DataType::Float32, true),
             Field::new("sizes", list(DataType::Int64), true),
-        ]))
-        .expect("numeric fields")
+            Field::new("day", DataType::Date32, true),
+        ])
+    }
+
+    fn fields() -> ValueScreen {
+        ValueScreen::new(&schema(), true)
     }
 
     fn check(v: &str) -> Option<RejectCode> {
@@ -276,9 +393,27 @@ mod tests {
             r#"{"sizes":["1"]}"#,
             r#"{"sizes":7}"#,
             r#"{"q\u0074y":"4"}"#,
+            r#"{"day":19000}"#,
         ] {
             assert_eq!(check(v), Some(RejectCode::WrongType), "{v}");
         }
+    }
+
+    #[test]
+    fn numbers_beyond_f64_overflow() {
+        assert_eq!(check(r#"{"price":1e400}"#), Some(RejectCode::Overflow));
+        assert_eq!(check(r#"{"qty":-1e400}"#), Some(RejectCode::Overflow));
+        // Integral, but beyond 2^53 written as a float: not exact.
+        assert_eq!(
+            check(r#"{"big":-9223372036854775809}"#),
+            Some(RejectCode::Overflow)
+        );
+        assert_eq!(check(r#"{"qty":1e16}"#), Some(RejectCode::Overflow));
+        assert_eq!(
+            check(r#"{"qty":1e15}"#),
+            None,
+            "exact: the decoder says overflow for I32"
+        );
     }
 
     #[test]
@@ -294,23 +429,39 @@ mod tests {
     }
 
     #[test]
-    fn not_json_is_left_to_the_decoder() {
+    fn what_serde_json_refuses_is_refused_with_its_code() {
+        let code = |v: &[u8]| fields().check(v).map(|(c, _)| c);
         for v in [
             "",
-            "null",
-            "[1]",
             "{\"qty\":",
             "{\"qty\":3.5",
             "{\"qty\":3.5}}",
-            "\u{feff}{\"qty\":3.5}",
+            "\u{feff}{}",
+            "{\"a\":1 \"b\":2}",
+            "{\"s\":\"a\tb\"}",
+            "{\"qty\":01}",
         ] {
-            assert_eq!(check(v), None, "{v}");
+            assert_eq!(code(v.as_bytes()), Some(RejectCode::MalformedJson), "{v:?}");
         }
+        for v in ["null", "[1]", "1", "\"s\""] {
+            assert_eq!(code(v.as_bytes()), Some(RejectCode::NotAnObject), "{v}");
+        }
+        assert_eq!(code(b"{\"s\":\"\xff\"}"), Some(RejectCode::NotUtf8));
+        let deep = format!("{{\"s\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(
+            code(deep.as_bytes()),
+            Some(RejectCode::MalformedJson),
+            "recursion limit"
+        );
     }
 
     #[test]
-    fn a_schema_without_numbers_needs_no_scan() {
-        let s = Schema::new(vec![Field::new("name", DataType::Utf8, false)]);
-        assert!(NumberFields::of(&s).is_none());
+    fn lenient_checks_only_the_json() {
+        let lenient = ValueScreen::new(&schema(), false);
+        assert_eq!(
+            lenient.check(br#"{"qty":"12","price":"NaN","day":19000}"#),
+            None
+        );
+        assert!(lenient.check(br#"{"qty":01}"#).is_some());
     }
 }
