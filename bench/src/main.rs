@@ -80,8 +80,8 @@ struct Args {
     /// (graphsink and both baselines); repeatable.
     #[arg(long = "consumer-prop", value_parser = parse_prop)]
     consumer_props: Vec<(String, String)>,
-    /// The mappings' `coerce`: "strict" (the default) scans each value's
-    /// numbers before decoding; "lenient" skips that scan.
+    /// The mappings' `coerce`: "strict" (the default) checks each value's
+    /// numbers in the value screen; "lenient" checks only its JSON.
     #[arg(long, default_value = "strict", value_parser = ["strict", "lenient"])]
     coerce: String,
     /// `fetch.wait.max.ms` of every measured consumer; 0 keeps librdkafka's

@@ -41,7 +41,7 @@ pub struct Target {
     pub commit_every: std::time::Duration,
     /// graphsink's `wal.flush_interval`.
     pub wal_flush: std::time::Duration,
-    /// The mappings' `coerce` ("strict" scans numbers before decoding).
+    /// The mappings' `coerce` ("strict" checks numbers in the value screen).
     pub coerce: String,
 }
 
