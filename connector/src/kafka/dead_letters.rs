@@ -18,6 +18,9 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::rejects::Reject;
 
+/// librdkafka's default `message.max.bytes`.
+const LIBRDKAFKA_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
 /// How long one produce may wait for room in librdkafka's queue.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -30,6 +33,8 @@ pub(crate) struct DeadLetters {
     by_type: HashMap<String, String>,
     default_topic: String,
     connector: String,
+    /// The producer's `message.max.bytes`: a dead letter is cut to fit it.
+    max_bytes: usize,
 }
 
 /// A reject whose produce failed, and why.
@@ -57,6 +62,10 @@ impl DeadLetters {
             by_type,
             default_topic: config.errors.dead_letter_topic.clone(),
             connector: config.graph.actor.clone(),
+            max_bytes: cc
+                .get("message.max.bytes")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(LIBRDKAFKA_MESSAGE_MAX_BYTES),
         };
         dl.create_topics(&cc).await;
         Ok(dl)
@@ -161,6 +170,7 @@ impl DeadLetters {
     async fn send(&self, r: &Reject) -> std::result::Result<(), String> {
         let purpose = Purpose::DeadLetter {
             connector: &self.connector,
+            max_bytes: self.max_bytes,
         };
         let rec = reject_record(r, self.topic_for(r), &purpose);
         self.producer

@@ -23,6 +23,10 @@ pub(crate) mod headers {
     pub const GS_TYPE: &str = "graphsink.type";
     pub const GS_REJECT_ID: &str = "graphsink.reject_id";
     pub const GS_COMMIT: &str = "graphsink.graph_commit";
+    /// The original length of a key or value cut to fit the producer's
+    /// `message.max.bytes` (the whole bytes stay in `_ingest_rejects`).
+    pub const GS_KEY_TRUNCATED: &str = "graphsink.key_truncated";
+    pub const GS_VALUE_TRUNCATED: &str = "graphsink.value_truncated";
     /// Headers graphsink adds; a replay strips them.
     pub fn is_ours(name: &str) -> bool {
         name.starts_with("__connect.errors.") || name.starts_with("graphsink.")
@@ -32,8 +36,14 @@ pub(crate) mod headers {
 /// What the record is for.
 pub(crate) enum Purpose<'a> {
     /// The dead-letter topic: graphsink's headers added, naming `connector`
-    /// (`graph.actor`); fold rejects carry their row as the value.
-    DeadLetter { connector: &'a str },
+    /// (`graph.actor`); fold rejects carry their row as the value. Key and
+    /// value are cut to fit `max_bytes` (the producer's
+    /// `message.max.bytes`): a record the producer can never send would
+    /// hold its offset, and every later one, forever.
+    DeadLetter {
+        connector: &'a str,
+        max_bytes: usize,
+    },
     /// `replay-rejects`: the original record only, graphsink's headers
     /// stripped.
     Replay,
@@ -56,16 +66,27 @@ pub(crate) fn reject_record<'a>(
             value: v.as_deref(),
         });
     }
-    let value = match purpose {
-        Purpose::DeadLetter { connector } => {
+    let (key, value) = match purpose {
+        Purpose::DeadLetter {
+            connector,
+            max_bytes,
+        } => {
             h = dead_letter_headers(h, r, connector);
             // Fold rejects have no original bytes: the row stands in for them.
-            r.value.as_deref().or(r.row.as_deref().map(str::as_bytes))
+            let value = r.value.as_deref().or(r.row.as_deref().map(str::as_bytes));
+            let (key, value, cut) = fit(r, r.key.as_deref(), value, *max_bytes);
+            for (name, len) in cut {
+                h = h.insert(Header {
+                    key: name,
+                    value: Some(&len.to_string()),
+                });
+            }
+            (key, value)
         }
-        Purpose::Replay => r.value.as_deref(),
+        Purpose::Replay => (r.key.as_deref(), r.value.as_deref()),
     };
     let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(h);
-    if let Some(k) = r.key.as_deref() {
+    if let Some(k) = key {
         rec = rec.key(k);
     }
     if let Some(v) = value {
@@ -75,6 +96,51 @@ pub(crate) fn reject_record<'a>(
         rec = rec.timestamp(ts);
     }
     rec
+}
+
+/// Room kept in a dead letter for graphsink's headers and the record's
+/// framing.
+const HEADROOM: usize = 16 * 1024;
+
+/// Key and value cut so the dead letter fits `max_bytes`, with the headers
+/// that say what was cut (by its original length). The value gives way
+/// first; the key keeps at most half.
+fn fit<'a>(
+    r: &Reject,
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    max_bytes: usize,
+) -> (
+    Option<&'a [u8]>,
+    Option<&'a [u8]>,
+    Vec<(&'static str, usize)>,
+) {
+    let originals: usize = r
+        .headers
+        .iter()
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum();
+    let room = max_bytes.saturating_sub(HEADROOM + originals + r.message.len());
+    let (k, v) = (key.map_or(0, <[u8]>::len), value.map_or(0, <[u8]>::len));
+    if k + v <= room {
+        return (key, value, vec![]);
+    }
+    let mut cut = Vec::new();
+    let key = key.map(|b| {
+        let keep = b.len().min((room / 2).max(room.saturating_sub(v)));
+        if keep < b.len() {
+            cut.push((headers::GS_KEY_TRUNCATED, b.len()));
+        }
+        &b[..keep]
+    });
+    let left = room.saturating_sub(key.map_or(0, <[u8]>::len));
+    let value = value.map(|b| {
+        if left < b.len() {
+            cut.push((headers::GS_VALUE_TRUNCATED, b.len()));
+        }
+        &b[..left.min(b.len())]
+    });
+    (key, value, cut)
 }
 
 /// Kafka Connect's `__connect.errors.*` headers, then graphsink's own.
@@ -148,7 +214,14 @@ mod tests {
     #[test]
     fn a_dead_letter_keeps_the_original_and_adds_connect_headers() {
         let r = sync_reject();
-        let rec = reject_record(&r, "dlq", &Purpose::DeadLetter { connector: "gs" });
+        let rec = reject_record(
+            &r,
+            "dlq",
+            &Purpose::DeadLetter {
+                connector: "gs",
+                max_bytes: 1_000_000,
+            },
+        );
         assert_eq!(rec.topic, "dlq");
         assert_eq!(rec.key, Some(&b"k"[..]));
         assert_eq!(rec.payload, Some(&b"v"[..]));
@@ -188,7 +261,14 @@ mod tests {
             source: None,
             created_at: 9,
         });
-        let rec = reject_record(&r, "dlq", &Purpose::DeadLetter { connector: "gs" });
+        let rec = reject_record(
+            &r,
+            "dlq",
+            &Purpose::DeadLetter {
+                connector: "gs",
+                max_bytes: 1_000_000,
+            },
+        );
         assert_eq!(rec.payload, Some(&br#"{"id":"e1"}"#[..]));
         assert_eq!(rec.key, None);
         let h = header_list(&rec);
@@ -196,6 +276,49 @@ mod tests {
         assert!(!h.iter().any(|(k, _)| k == headers::TOPIC));
         let replay = reject_record(&r, "t", &Purpose::Replay);
         assert_eq!(replay.payload, None, "a replay sends original bytes only");
+    }
+
+    #[test]
+    fn a_dead_letter_too_big_to_produce_is_cut_and_says_so() {
+        let mut r = sync_reject();
+        let room = 100_000
+            - HEADROOM
+            - r.message.len()
+            - "trace".len()
+            - 3
+            - "graphsink.code".len()
+            - 3
+            - "empty".len();
+        fn limit(r: &Reject) -> FutureRecord<'_, [u8], [u8]> {
+            let purpose = Purpose::DeadLetter {
+                connector: "gs",
+                max_bytes: 100_000,
+            };
+            reject_record(r, "dlq", &purpose)
+        }
+        // A big value: the key stays whole, the value fills the rest.
+        r.value = Some(vec![b'v'; 200_000]);
+        let rec = limit(&r);
+        assert_eq!(rec.key.map(<[u8]>::len), Some(1));
+        assert_eq!(rec.payload.map(<[u8]>::len), Some(room - 1));
+        let h = header_list(&rec);
+        assert!(h.contains(&(headers::GS_VALUE_TRUNCATED.into(), Some("200000".into()))));
+        assert!(!h.iter().any(|(k, _)| k == headers::GS_KEY_TRUNCATED));
+        // A big key and a big value: half each.
+        r.key = Some(vec![b'k'; 200_000]);
+        let rec = limit(&r);
+        assert_eq!(rec.key.map(<[u8]>::len), Some(room / 2));
+        assert_eq!(rec.payload.map(<[u8]>::len), Some(room - room / 2));
+        let h = header_list(&rec);
+        assert!(h.contains(&(headers::GS_KEY_TRUNCATED.into(), Some("200000".into()))));
+        // Small enough: untouched.
+        r.key = Some(b"k".to_vec());
+        r.value = Some(vec![b'v'; room - 1]);
+        let rec = limit(&r);
+        assert_eq!(rec.payload.map(<[u8]>::len), Some(room - 1));
+        assert!(!header_list(&rec)
+            .iter()
+            .any(|(k, _)| k.ends_with("_truncated")));
     }
 
     #[test]
