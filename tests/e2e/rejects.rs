@@ -533,3 +533,53 @@ async fn the_generated_hostile_corpus_lands_once_in_both_sinks() {
     assert!(seen.values().all(|&n| n == 1));
     assert!(seen.keys().all(|p| table.contains_key(p)));
 }
+
+/// A rejected record too big for the dead-letter producer (here over
+/// librdkafka's default `message.max.bytes`, under `max_record_bytes`)
+/// still reaches the dead-letter topic, cut to fit and saying so, and its
+/// offset commits; `_ingest_rejects` keeps every byte. Before, its produce
+/// failed with MsgSizeTooLarge on every retry and the partition stalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reject_too_big_for_the_dead_letter_producer_is_cut_to_fit() {
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        "[errors]\nmax_record_bytes = 1500000",
+    );
+    let topic = tg.topics[0].clone();
+    create_topic(&topic, 1).await;
+    let big = format!(r#"{{"name":"x","age":"{}"}}"#, "9".repeat(1_100_000));
+    let ok = r#"{"name":"after"}"#;
+    produce_raw(
+        &topic,
+        &[
+            RawRec {
+                value: Some(big.clone().into_bytes()),
+                ..Default::default()
+            },
+            RawRec {
+                value: Some(ok.as_bytes().to_vec()),
+                ..Default::default()
+            },
+        ],
+    )
+    .await;
+    try_run_to_end(&tg).await.expect("the run reaches the end");
+    assert_eq!(committed(&tg.group, &topic, 1).get(&0), Some(&2));
+    let rows = rejects_at_head(&tg).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["code"], json!("wrong_type"));
+    assert_eq!(
+        rows[0]["value"].as_str().unwrap().len(),
+        2 * big.len(),
+        "hex of every byte"
+    );
+    let dlq = read_topic(&tg.dlq, 1, Duration::from_secs(30));
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(
+        dlq[0].header("graphsink.value_truncated"),
+        Some(big.len().to_string())
+    );
+    let cut = dlq[0].value.as_ref().unwrap();
+    assert!(cut.len() < 1_000_000 && big.as_bytes().starts_with(cut));
+    assert!(tg.rows("nodes/Person").await.contains_key("after"));
+}
