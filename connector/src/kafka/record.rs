@@ -211,17 +211,19 @@ mod tests {
             .collect()
     }
 
+    /// `r`'s dead letter on topic `dlq`, from connector `gs`.
+    fn dead_letter(r: &Reject, max_bytes: usize) -> FutureRecord<'_, [u8], [u8]> {
+        let purpose = Purpose::DeadLetter {
+            connector: "gs",
+            max_bytes,
+        };
+        reject_record(r, "dlq", &purpose)
+    }
+
     #[test]
     fn a_dead_letter_keeps_the_original_and_adds_connect_headers() {
         let r = sync_reject();
-        let rec = reject_record(
-            &r,
-            "dlq",
-            &Purpose::DeadLetter {
-                connector: "gs",
-                max_bytes: 1_000_000,
-            },
-        );
+        let rec = dead_letter(&r, 1_000_000);
         assert_eq!(rec.topic, "dlq");
         assert_eq!(rec.key, Some(&b"k"[..]));
         assert_eq!(rec.payload, Some(&b"v"[..]));
@@ -261,14 +263,7 @@ mod tests {
             source: None,
             created_at: 9,
         });
-        let rec = reject_record(
-            &r,
-            "dlq",
-            &Purpose::DeadLetter {
-                connector: "gs",
-                max_bytes: 1_000_000,
-            },
-        );
+        let rec = dead_letter(&r, 1_000_000);
         assert_eq!(rec.payload, Some(&br#"{"id":"e1"}"#[..]));
         assert_eq!(rec.key, None);
         let h = header_list(&rec);
@@ -289,16 +284,9 @@ mod tests {
             - "graphsink.code".len()
             - 3
             - "empty".len();
-        fn limit(r: &Reject) -> FutureRecord<'_, [u8], [u8]> {
-            let purpose = Purpose::DeadLetter {
-                connector: "gs",
-                max_bytes: 100_000,
-            };
-            reject_record(r, "dlq", &purpose)
-        }
         // A big value: the key stays whole, the value fills the rest.
         r.value = Some(vec![b'v'; 200_000]);
-        let rec = limit(&r);
+        let rec = dead_letter(&r, 100_000);
         assert_eq!(rec.key.map(<[u8]>::len), Some(1));
         assert_eq!(rec.payload.map(<[u8]>::len), Some(room - 1));
         let h = header_list(&rec);
@@ -306,7 +294,7 @@ mod tests {
         assert!(!h.iter().any(|(k, _)| k == headers::GS_KEY_TRUNCATED));
         // A big key and a big value: half each.
         r.key = Some(vec![b'k'; 200_000]);
-        let rec = limit(&r);
+        let rec = dead_letter(&r, 100_000);
         assert_eq!(rec.key.map(<[u8]>::len), Some(room / 2));
         assert_eq!(rec.payload.map(<[u8]>::len), Some(room - room / 2));
         let h = header_list(&rec);
@@ -314,7 +302,7 @@ mod tests {
         // Small enough: untouched.
         r.key = Some(b"k".to_vec());
         r.value = Some(vec![b'v'; room - 1]);
-        let rec = limit(&r);
+        let rec = dead_letter(&r, 100_000);
         assert_eq!(rec.payload.map(<[u8]>::len), Some(room - 1));
         assert!(!header_list(&rec)
             .iter()
