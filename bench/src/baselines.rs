@@ -171,6 +171,18 @@ struct DirectTable {
     ds: Option<Arc<Dataset>>,
     json: Vec<u8>,
     keys: Vec<String>,
+    /// With `--bad-fraction`: drop records that would fail the batch.
+    skip_bad: bool,
+}
+
+/// A node value the direct load can take: JSON with a non-negative integer
+/// `seq` (what `--bad-fraction`'s bad records are not).
+fn good_item(v: Option<&[u8]>) -> bool {
+    let Some(v) = v else { return false };
+    serde_json::from_slice::<serde_json::Value>(v)
+        .ok()
+        .and_then(|j| j.get("seq").and_then(serde_json::Value::as_i64))
+        .is_some_and(|s| s >= 0)
 }
 
 impl DirectTable {
@@ -183,10 +195,14 @@ impl DirectTable {
             ds: None,
             json: Vec::new(),
             keys: Vec::new(),
+            skip_bad: false,
         }
     }
 
     fn push(&mut self, m: &impl Message) {
+        if self.skip_bad && !good_item(m.payload()) {
+            return;
+        }
         self.json.extend_from_slice(m.payload().unwrap_or(b"null"));
         self.json.push(b'\n');
         if self.key_column {
@@ -245,15 +261,13 @@ pub async fn direct(
     ends: &[i64],
     dir: &str,
     batch: usize,
+    skip_bad: bool,
 ) -> Result<BaselineRun, BoxError> {
     let c: StreamConsumer = group_config(t, group).create()?;
     c.subscribe(&t.topics.names())?;
-    let mut tables = vec![DirectTable::new(
-        format!("{dir}/items.lance"),
-        "sku",
-        item_schema(),
-        false,
-    )];
+    let mut items = DirectTable::new(format!("{dir}/items.lance"), "sku", item_schema(), false);
+    items.skip_bad = skip_bad;
+    let mut tables = vec![items];
     if t.topics.edges.is_some() {
         tables.push(DirectTable::new(
             format!("{dir}/links.lance"),

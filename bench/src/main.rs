@@ -80,6 +80,11 @@ struct Args {
     /// (graphsink and both baselines); repeatable.
     #[arg(long = "consumer-prop", value_parser = parse_prop)]
     consumer_props: Vec<(String, String)>,
+    /// Fraction of node records that are bad (reject storms): alternately
+    /// a decode reject (`wrong_type`) and a validate reject (`range`). The
+    /// direct load skips them (a JSON parse per record, only when > 0).
+    #[arg(long, default_value_t = 0.0)]
+    bad_fraction: f64,
     /// The mappings' `coerce`: "strict" (the default) checks each value's
     /// numbers in the value screen; "lenient" checks only its JSON.
     #[arg(long, default_value = "strict", value_parser = ["strict", "lenient"])]
@@ -352,7 +357,12 @@ impl Run {
             edge_fraction: a.edge_fraction,
             edge_keys: 1,
             endpoints: 1,
+            bad_fraction: a.bad_fraction,
         };
+        if !(0.0..=1.0).contains(&a.bad_fraction) || (a.bad_fraction > 0.0 && has_edges) {
+            // An edge whose endpoint's only record was bad would wait forever.
+            return Err("--bad-fraction must be within 0..=1, and needs --edge-fraction 0".into());
+        }
         let edges = shape.edges_in(a.records);
         let nodes = a.records - edges;
         // Edge ids repeat as often as node keys do; endpoints are any backlog
@@ -399,7 +409,7 @@ impl Run {
                 "value_bytes": a.value_bytes,
                 "partitions": a.partitions, "buckets": a.buckets, "fold_interval": a.fold_interval,
                 "direct_batch": a.direct_batch, "commit_interval_ms": a.commit_interval_ms, "wal_flush_ms": a.wal_flush_ms,
-                "consumer_props": t.consumer_props, "coerce": t.coerce, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
+                "consumer_props": t.consumer_props, "coerce": t.coerce, "bad_fraction": a.bad_fraction, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
             }),
             commit_sample_interval_ms: a.sample_ms,
             ..Default::default()
@@ -472,6 +482,7 @@ impl Run {
             ends,
             &sink::root_in(dir, "direct"),
             a.direct_batch,
+            a.bad_fraction > 0.0,
         )
         .await?;
         r.counted("direct", direct.records, a.records);
@@ -779,6 +790,7 @@ mod tests {
             edge_fraction: 0.3,
             edge_keys: 10,
             endpoints: 70,
+            bad_fraction: 0.0,
         };
         let kinds: Vec<_> = (0..1000).map(|i| workload::kind_of(shape, i)).collect();
         let edges = kinds

@@ -174,8 +174,8 @@ impl Report {
         );
         let l = &self.graphsink_run_loop;
         println!(
-            "  (run loop: {} polls of {:.0} records; in polls {:.2} s, of which decode {:.2} s, puts {:.2} s)",
-            l.polls, l.records_per_poll, l.poll_secs, l.decode_secs, l.put_secs
+            "  (run loop: {} polls of {:.0} records; in polls {:.2} s, of which decode {:.2} s, puts {:.2} s; {} rejected)",
+            l.polls, l.records_per_poll, l.poll_secs, l.decode_secs, l.put_secs, l.rejected
         );
         row(
             "graphsink, folding off",

@@ -39,6 +39,8 @@ pub struct LoopTimes {
     pub decode_secs: f64,
     /// Handing rows to the shard writers (memtable inserts).
     pub put_secs: f64,
+    /// Records rejected before the WAL (decode, validate).
+    pub rejected: u64,
 }
 
 impl LoopTimes {
@@ -51,6 +53,7 @@ impl LoopTimes {
             poll_secs: get(&stats.poll_ns) as f64 / 1e9,
             decode_secs: get(&stats.decode_ns) as f64 / 1e9,
             put_secs: get(&stats.put_ns) as f64 / 1e9,
+            rejected: get(&stats.rejected),
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::broker::BoxError;
 
 /// The graph schema the bench writes: one node type keyed by `sku`, and one
 /// edge type between its nodes. `pad` carries the bulk of `--value-bytes`.
-pub const SCHEMA: &str = "node Item {\n    sku: String @key\n    seq: I64\n    pad: String\n}\nedge Link: Item -> Item {\n    seq: I64\n    pad: String\n}\n";
+pub const SCHEMA: &str = "node Item {\n    sku: String @key\n    seq: I64\n    pad: String\n    @range(seq, 0..)\n}\nedge Link: Item -> Item {\n    seq: I64\n    pad: String\n}\n";
 pub const NODE: &str = "Item";
 pub const EDGE: &str = "Link";
 /// The seed of the backlog's node records: edges point at these.
@@ -34,6 +34,10 @@ pub struct Shape {
     /// Edges point at node records `0..endpoints` of the backlog, so every
     /// endpoint exists once the backlog's nodes are folded.
     pub endpoints: u64,
+    /// Fraction of node records that are bad: alternately a decode reject
+    /// (`seq` a string: `wrong_type`) and a validate reject (`seq` below
+    /// `@range(seq, 0..)`: `range`). 0 = none.
+    pub bad_fraction: f64,
 }
 
 impl Shape {
@@ -44,6 +48,7 @@ impl Shape {
             edge_fraction: 0.0,
             edge_keys: 1,
             endpoints: 1,
+            bad_fraction: 0.0,
         }
     }
 
@@ -101,8 +106,19 @@ fn padded(head: String, value_bytes: usize) -> String {
 /// key is updated many times in random order, as in a real change stream.
 pub fn node_record(shape: Shape, seed: u64, n: u64) -> (String, String) {
     let sku = sku(shape, seed, n);
-    let head = format!("{{\"sku\":\"{sku}\",\"seq\":{n},\"pad\":\"");
+    let seq = match is_bad(shape, seed, n) {
+        false => n.to_string(),
+        true if n % 2 == 0 => "\"x\"".to_string(),
+        true => "-1".to_string(),
+    };
+    let head = format!("{{\"sku\":\"{sku}\",\"seq\":{seq},\"pad\":\"");
     (sku.clone(), padded(head, shape.value_bytes))
+}
+
+/// Whether node record `n` is one of the bad ones (`Shape::bad_fraction`).
+pub fn is_bad(shape: Shape, seed: u64, n: u64) -> bool {
+    let ppm = (shape.bad_fraction * 1e6).round() as u64;
+    ppm > 0 && mix(seed ^ 0xbad, n) % 1_000_000 < ppm
 }
 
 /// Edge record `m`: the Kafka key is the edge id (drawn from the edge id
@@ -139,6 +155,11 @@ pub fn distinct_keys(shape: Shape, records: u64) -> (usize, usize) {
         std::collections::HashSet::new(),
     );
     for i in 0..records {
+        if let (Kind::Node, n) = kind_of(shape, i) {
+            if is_bad(shape, BACKLOG_SEED, n) {
+                continue;
+            }
+        }
         match record(shape, BACKLOG_SEED, i) {
             (Kind::Node, k, _) => nodes.insert(k),
             (Kind::Edge, k, _) => edges.insert(k),
