@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::array::{
     Array, ArrayRef, Int64Array, RecordBatch, RecordBatchIterator, StringArray,
@@ -106,10 +107,54 @@ impl Graph {
         };
         match graph.open_manifest().await {
             Ok(_) => graph.check_compatible().await?,
-            Err(e) if is_not_found(&e) => graph.init().await?,
+            Err(e) if is_not_found(&e) => graph.init_once().await?,
             Err(e) => return Err(e),
         }
         Ok(graph)
+    }
+
+    /// Initialises a new graph once, however many processes start on it
+    /// together. Two Lance creates racing on one path do not both fail:
+    /// the loser's lands as an overwrite at the next version and drops what
+    /// the winner built (its MemWAL index). So a process first claims the
+    /// root with an atomic create of `_graphsink_init/<n>`; the one that
+    /// gets it initialises, the others wait for its `__manifest` and open
+    /// it. A claim older than `INIT_WAIT` with no manifest is a claimant
+    /// that died: the next claim number takes over (init is idempotent).
+    async fn init_once(&self) -> Result<()> {
+        const INIT_WAIT: Duration = Duration::from_secs(60);
+        let me = new_commit_id();
+        for n in 0u32.. {
+            let claim = format!("{}/_graphsink_init/{n}", self.root);
+            if self
+                .store
+                .create_if_absent(&claim, me.as_bytes())
+                .await
+                .ctx(format!("claim {claim}"))?
+            {
+                return self.init().await;
+            }
+            loop {
+                match self.open_manifest().await {
+                    Ok(_) => {
+                        tracing::info!(root = %self.root, "another process initialised the graph; using it");
+                        return self.check_compatible().await;
+                    }
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(e),
+                }
+                match self.store.age(&claim).await.ctx(format!("read {claim}"))? {
+                    Some(age) if age < INIT_WAIT => {
+                        tokio::time::sleep(Duration::from_millis(200)).await
+                    }
+                    _ => {
+                        tracing::warn!(root = %self.root, %claim, "a claim to initialise the graph is older than {INIT_WAIT:?} with no graph: its process died; taking over");
+                        break;
+                    }
+                }
+            }
+        }
+        unreachable!("claim numbers do not run out")
     }
 
     /// Opens an existing graph for reading (log, show) without a schema file.

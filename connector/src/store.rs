@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use lance::dataset::builder::DatasetBuilder;
 use lance::dataset::{WriteMode, WriteParams};
-use lance::io::{ObjectStoreParams, ObjectStoreRegistry, StorageOptionsAccessor};
+use lance::io::{ObjectStore, ObjectStoreParams, ObjectStoreRegistry, StorageOptionsAccessor};
 use lance::session::Session;
 use lance::Dataset;
 
@@ -79,6 +79,43 @@ impl Store {
             .with_session(self.session())
             .load()
             .await
+    }
+
+    /// Creates the object at `uri` holding `content` unless it exists:
+    /// `true` when this call created it. Atomic on every backend (a local
+    /// no-clobber create, an S3 conditional PUT), so exactly one of several
+    /// racing callers gets `true`.
+    pub async fn create_if_absent(&self, uri: &str, content: &[u8]) -> lance::Result<bool> {
+        let (store, path) =
+            ObjectStore::from_uri_and_params(self.registry.clone(), uri, &self.params()).await?;
+        let create = object_store::PutOptions {
+            mode: object_store::PutMode::Create,
+            ..Default::default()
+        };
+        match store
+            .inner
+            .put_opts(&path, content.to_vec().into(), create)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// How long ago the object at `uri` was last written; `None` if it does
+    /// not exist.
+    pub async fn age(&self, uri: &str) -> lance::Result<Option<std::time::Duration>> {
+        let (store, path) =
+            ObjectStore::from_uri_and_params(self.registry.clone(), uri, &self.params()).await?;
+        match object_store::ObjectStoreExt::head(store.inner.as_ref(), &path).await {
+            Ok(meta) => {
+                let age = chrono::Utc::now().signed_duration_since(meta.last_modified);
+                Ok(Some(age.to_std().unwrap_or_default()))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Write parameters that reach the same store.

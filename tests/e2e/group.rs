@@ -178,3 +178,78 @@ async fn an_idle_member_of_a_consuming_group_is_not_stalled() {
         .unwrap();
     assert!(read > 0, "the other member consumed");
 }
+
+/// Several instances started together on a fresh root: exactly one
+/// initialises it, the others open what it made (found when three `graphsink
+/// run` started at once and two died with "Dataset already exists"; a
+/// second Lance create racing the first lands as an overwrite and drops the
+/// first one's MemWAL index). Each opener runs on its own thread, runtime
+/// and object store, as separate processes would; a barrier lines them up.
+#[test]
+fn instances_starting_together_share_one_initialisation() {
+    const OPENERS: usize = 4;
+    for round in 0..4 {
+        let tg = TestGraph::new(&["node = \"Person\"", "node = \"Company\""], "");
+        let barrier = Arc::new(std::sync::Barrier::new(OPENERS));
+        let openers: Vec<_> = (0..OPENERS)
+            .map(|_| {
+                let (config, barrier) = (tg.config(), barrier.clone());
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Runtime::new().unwrap();
+                    let schema = graphsink::GraphSchema::load(&config.schema_path()).unwrap();
+                    barrier.wait();
+                    rt.block_on(graphsink::Graph::open_or_init(&config, schema))
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for (i, o) in openers.into_iter().enumerate() {
+            let opened = o.join().unwrap();
+            assert!(opened.is_ok(), "round {round}, opener {i}: {opened:?}");
+        }
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let g = tg.graph().await;
+            let commits = g.commits().await.unwrap();
+            assert_eq!(commits.len(), 1, "round {round}: one init commit");
+            if round > 0 {
+                return;
+            }
+            // And the graph works: a run ingests into it.
+            let topic = tg.topics[0].clone();
+            create_topic(&topic, 1).await;
+            create_topic(&tg.topics[1], 1).await;
+            produce(&topic, &[rec(0, None, Some(json!({"name": "ada"})))]).await;
+            try_run_to_end(&tg)
+                .await
+                .expect("a run on the shared graph");
+            assert_eq!(tg.rows("nodes/Person").await.len(), 1);
+        });
+    }
+}
+
+/// A claim to initialise left by a process that died (older than the
+/// wait, with no graph) is taken over, so a crash during a first start
+/// does not block every later start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_initialisers_claim_is_taken_over() {
+    let tg = TestGraph::new(&["node = \"Person\""], "");
+    let config = tg.config();
+    let claims = std::path::Path::new(&config.root_uri()).join("_graphsink_init");
+    std::fs::create_dir_all(&claims).unwrap();
+    let stale = std::fs::File::create(claims.join("0")).unwrap();
+    stale
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(600))
+        .unwrap();
+    let schema = graphsink::GraphSchema::load(&config.schema_path()).unwrap();
+    let opened = tokio::time::timeout(
+        Duration::from_secs(30),
+        graphsink::Graph::open_or_init(&config, schema),
+    )
+    .await
+    .expect("no wait for a dead claimant");
+    opened.expect("the next claim initialises");
+    assert!(claims.join("1").exists(), "taken over under claim 1");
+    assert_eq!(tg.graph().await.commits().await.unwrap().len(), 1);
+}
