@@ -108,7 +108,7 @@ pub fn node_record(shape: Shape, seed: u64, n: u64) -> (String, String) {
     let sku = sku(shape, seed, n);
     let seq = match is_bad(shape, seed, n) {
         false => n.to_string(),
-        true if n % 2 == 0 => "\"x\"".to_string(),
+        true if n.is_multiple_of(2) => "\"x\"".to_string(),
         true => "-1".to_string(),
     };
     let head = format!("{{\"sku\":\"{sku}\",\"seq\":{seq},\"pad\":\"");

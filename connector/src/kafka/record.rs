@@ -98,6 +98,9 @@ pub(crate) fn reject_record<'a>(
     rec
 }
 
+/// A key or a value, if the record has one.
+type Bytes<'a> = Option<&'a [u8]>;
+
 /// Room kept in a dead letter for graphsink's headers and the record's
 /// framing.
 const HEADROOM: usize = 16 * 1024;
@@ -110,11 +113,7 @@ fn fit<'a>(
     key: Option<&'a [u8]>,
     value: Option<&'a [u8]>,
     max_bytes: usize,
-) -> (
-    Option<&'a [u8]>,
-    Option<&'a [u8]>,
-    Vec<(&'static str, usize)>,
-) {
+) -> (Bytes<'a>, Bytes<'a>, Vec<(&'static str, usize)>) {
     let originals: usize = r
         .headers
         .iter()
