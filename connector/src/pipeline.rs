@@ -695,10 +695,9 @@ impl RunLoop<'_> {
             return Ok(false);
         }
         if self.end_targets.is_none() {
-            let queries = &self.queries;
             let parts: Vec<TopicPartition> = self.assigned.iter().cloned().collect();
-            let ends = queries.watermarks(parts.clone()).await?;
-            let committed = queries.committed(parts).await?;
+            let ends = self.queries.watermarks(parts.clone()).await?;
+            let committed = self.queries.committed(parts).await?;
             // Partitions already committed to their end need nothing from us.
             let targets = ends
                 .into_iter()
@@ -722,11 +721,9 @@ impl RunLoop<'_> {
         if !self.stall.due(now) {
             return Ok(());
         }
-        let topics = self
-            .config
-            .mappings
-            .iter()
-            .map(|m| m.topic.clone())
+        let topics = consumer::mapped_topics(self.config)
+            .into_iter()
+            .map(String::from)
             .collect();
         let seen = match self.queries.progress(topics).await {
             Ok(seen) => seen,

@@ -255,12 +255,11 @@ impl RecordDecoder {
         let mut rejects = Vec::new();
         let mut ok = Vec::with_capacity(records.len());
         for (i, r) in records.iter().enumerate() {
-            let key = r.key.map_or(0, <[u8]>::len);
+            let size = r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len);
             match r.value {
-                _ if key + r.value.map_or(0, <[u8]>::len) > self.max_record_bytes => {
+                _ if size > self.max_record_bytes => {
                     let m = format!(
-                        "key and value are {} bytes, over errors.max_record_bytes = {}",
-                        key + r.value.map_or(0, <[u8]>::len),
+                        "key and value are {size} bytes, over errors.max_record_bytes = {}",
                         self.max_record_bytes
                     );
                     rejects.push((i, self.reject(r, RejectCode::Oversized, m, None)));

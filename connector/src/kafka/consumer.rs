@@ -125,17 +125,20 @@ pub(crate) fn subscribe(
         log: ClientLog::default(),
     };
     let consumer: GroupConsumer = client::consumer_config(config).create_with_context(ctx)?;
-    let topics: Vec<&str> = config.mappings.iter().map(|m| m.topic.as_str()).collect();
-    consumer.subscribe(&topics)?;
+    consumer.subscribe(&mapped_topics(config))?;
     Ok((consumer, rx))
+}
+
+/// Every topic the config maps, in order.
+pub(crate) fn mapped_topics(config: &Config) -> Vec<&str> {
+    config.mappings.iter().map(|m| m.topic.as_str()).collect()
 }
 
 /// Leaves and rejoins the group (the stall watch's remedy for a member
 /// the coordinator forgot to assign).
 pub(crate) fn resubscribe(consumer: &GroupConsumer, config: &Config) -> Result<()> {
     consumer.unsubscribe();
-    let topics: Vec<&str> = config.mappings.iter().map(|m| m.topic.as_str()).collect();
-    consumer.subscribe(&topics)?;
+    consumer.subscribe(&mapped_topics(config))?;
     Ok(())
 }
 
