@@ -142,6 +142,11 @@ pub struct FoldSettings {
     /// Fold once more on a graceful shutdown.
     #[serde(default = "default_true")]
     pub on_shutdown: bool,
+    /// Most node ids the fold keeps in memory (over all node tables) to
+    /// check edge endpoints without scanning node tables: ~20–40 bytes
+    /// each. A node table past it is scanned at every edge fold instead.
+    #[serde(default = "default_known_ids_max")]
+    pub known_ids_max: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -726,6 +731,9 @@ fn default_fold_interval() -> Duration {
 fn default_fold_rows() -> u64 {
     200_000
 }
+fn default_known_ids_max() -> usize {
+    16_000_000
+}
 fn default_fold_bytes() -> u64 {
     128 * 1024 * 1024
 }
@@ -791,6 +799,7 @@ impl Default for FoldSettings {
             max_pending_rows: default_fold_rows(),
             max_pending_bytes: default_fold_bytes(),
             on_shutdown: true,
+            known_ids_max: default_known_ids_max(),
         }
     }
 }

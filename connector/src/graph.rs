@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::error::{Context, Error, Result};
+use crate::known_ids::KnownIds;
 use crate::schema::{
     manifest_schema, same_columns, GraphSchema, TableLayout, MANIFEST_PK, MANIFEST_TABLE,
     REJECTS_TABLE,
@@ -91,6 +92,8 @@ pub struct Graph {
     pub(crate) schema: Arc<GraphSchema>,
     /// Buckets N per MemWAL table path (graph types and `_ingest_rejects`).
     pub(crate) buckets: BTreeMap<String, u32>,
+    /// Node ids the fold keeps between folds (shared by clones).
+    pub(crate) known_ids: Arc<KnownIds>,
 }
 
 impl Graph {
@@ -104,6 +107,7 @@ impl Graph {
             store: Store::new(&config.graph.storage_options),
             schema: Arc::new(schema),
             buckets,
+            known_ids: Arc::new(KnownIds::new(config.fold.known_ids_max)),
         };
         match graph.open_manifest().await {
             Ok(_) => graph.check_compatible().await?,
@@ -167,6 +171,7 @@ impl Graph {
                 source: String::new(),
             }),
             buckets: BTreeMap::new(),
+            known_ids: Arc::new(KnownIds::new(0)),
         };
         graph.open_manifest().await.map_err(|e| {
             if is_not_found(&e) {

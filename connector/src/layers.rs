@@ -16,6 +16,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("schema", 1),
     ("store", 1),
     ("graph", 2),
+    ("known_ids", 1),
     ("shards", 3),
     ("rejects", 3),
     ("offsets", 3),

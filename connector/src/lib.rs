@@ -17,6 +17,7 @@ mod failpoints;
 mod fold;
 mod graph;
 mod kafka;
+mod known_ids;
 #[cfg(test)]
 mod layers;
 mod offsets;

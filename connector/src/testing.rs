@@ -8,7 +8,9 @@ use crate::graph::{Graph, GraphCommit};
 
 pub use crate::decode::{Decoded, RecordDecoder, SourceRecord};
 pub use crate::failpoints::{arm, disarm, Action as FailpointAction};
-pub use crate::fold::{execute, fold_offline, plan, FoldPlan, Folded, Policies, COMPACT_FRAGMENTS};
+pub use crate::fold::{
+    execute, fold_offline, plan, FoldPlan, Folded, Policies, StageTimes, COMPACT_FRAGMENTS,
+};
 pub use crate::graph::new_commit_id;
 pub use crate::offsets::WrittenSpans;
 pub use crate::retention::{graph_storage, Window};
@@ -39,4 +41,9 @@ pub async fn publish_from_version(graph: &Graph, version: u64, commit: &GraphCom
 /// The current version of `__manifest`.
 pub async fn manifest_version(graph: &Graph) -> Result<u64> {
     graph.manifest_version().await
+}
+
+/// The version and size of the node ids the fold keeps for `table`, if any.
+pub fn known_ids(graph: &Graph, table: &str) -> Option<(u64, usize)> {
+    graph.known_ids.held(table)
 }

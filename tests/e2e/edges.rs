@@ -370,3 +370,131 @@ crate::on_every_backend!(
     edges_wait_for_their_endpoints_until_the_deadline,
     card_and_unique_are_checked_against_committed_rows,
 );
+
+/// The node ids a fold keeps between folds follow its own writes exactly:
+/// a node deleted in one fold is missing for the next fold's edges, a node
+/// added is there, and the kept set sits at the node table's new version
+/// (so the next fold used it, not a scan). In process, without a broker:
+/// the fold loop's own stages, as the bench drives them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_node_ids_follow_each_folds_adds_and_deletes() {
+    use graphsink::testing::{self, RecordDecoder, ShardPool, SourceRecord, WrittenSpans};
+    crate::init_logs();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("g.pg"),
+        "node Person { name: String @key }\nedge Likes: Person -> Person\n",
+    )
+    .expect("schema");
+    let cfg = graphsink::Config::from_toml(
+        "[graph]\nroot = \"g\"\nschema = \"g.pg\"\n[kafka]\n\"bootstrap.servers\" = \"unused:1\"\n\"group.id\" = \"unused\"\n[[mapping]]\ntopic = \"people\"\nnode = \"Person\"\nkey = \"kafka\"\n[[mapping]]\ntopic = \"likes\"\nedge = \"Likes\"\nkey = \"kafka\"\non_missing_endpoint = \"reject\"\n",
+        dir.path(),
+    )
+    .expect("config");
+    let schema = graphsink::GraphSchema::load(&cfg.schema_path()).expect("schema");
+    let graph = graphsink::Graph::open_or_init(&cfg, schema)
+        .await
+        .expect("graph");
+    let policies = testing::Policies::from_config(&cfg);
+    let pool = ShardPool::open(&graph, &cfg.wal, &graph.wal_tables())
+        .await
+        .expect("shards");
+    let mut offset = 0i64;
+    // Writes (topic, key, value) records durably, then folds once.
+    let mut fold = |recs: Vec<(usize, &'static str, Option<Value>)>| {
+        let (graph, policies, pool, cfg) = (&graph, &policies, &pool, &cfg);
+        let first = offset;
+        offset += recs.len() as i64;
+        async move {
+            for (m, mapping) in cfg.mappings.iter().enumerate() {
+                let values: Vec<(String, Option<String>)> = recs
+                    .iter()
+                    .filter(|r| r.0 == m)
+                    .map(|r| (r.1.to_string(), r.2.as_ref().map(Value::to_string)))
+                    .collect();
+                let src: Vec<SourceRecord> = values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, v))| SourceRecord {
+                        topic: &mapping.topic,
+                        partition: 0,
+                        offset: first + i as i64,
+                        timestamp: None,
+                        key: Some(k.as_bytes()),
+                        value: v.as_deref().map(str::as_bytes),
+                        headers: None,
+                    })
+                    .collect();
+                let mut dec =
+                    RecordDecoder::new(graph.schema(), mapping, 100, 1 << 20).expect("decoder");
+                let d = dec.decode(&src).expect("decode");
+                assert!(d.rejects.is_empty(), "{:?}", d.rejects);
+                let table = &graph.schema().get(mapping.type_name()).expect("type").table;
+                let mut writes = Vec::new();
+                if let Some(b) = d.upserts {
+                    writes.extend(pool.tables[table].put(b).await.expect("put"));
+                }
+                if let Some(keys) = d.deletes {
+                    writes.extend(pool.tables[table].delete(keys).await.expect("delete"));
+                }
+                for w in writes {
+                    w.wait().await.expect("durable");
+                }
+            }
+            let mut limits = std::collections::HashMap::new();
+            for f in pool.freeze_all().await.expect("freeze") {
+                limits.insert(f.shard, f.upto_generation);
+                f.fence.wait().await.expect("flushed");
+            }
+            let head = graph.head().await.expect("head");
+            let plan = testing::plan(
+                graph,
+                policies,
+                &head,
+                &Some(limits),
+                &WrittenSpans::default(),
+                "test",
+            )
+            .await
+            .expect("plan")
+            .expect("something to fold");
+            testing::execute(graph, policies, &plan)
+                .await
+                .expect("fold")
+        }
+    };
+    let person = |n: &'static str| (0, n, Some(json!({ "name": n })));
+    fold(vec![person("a"), person("b"), person("c")]).await;
+    // The first edge fold scans Person once and keeps its ids.
+    fold(vec![(1, "ab", Some(json!({"src": "a", "dst": "b"})))]).await;
+    let at = |f: &graphsink::testing::Folded| f.commit.tables["nodes/Person"];
+    // c goes, d comes: the kept ids move to the version this fold wrote.
+    let f = fold(vec![(0, "c", None), person("d")]).await;
+    assert_eq!(
+        testing::known_ids(&graph, "nodes/Person"),
+        Some((at(&f), 3)),
+        "the kept ids follow the fold's own writes"
+    );
+    let f = fold(vec![
+        (1, "ac", Some(json!({"src": "a", "dst": "c"}))),
+        (1, "ad", Some(json!({"src": "a", "dst": "d"}))),
+    ])
+    .await;
+    let refused: Vec<(&str, &str)> = f
+        .rejects
+        .iter()
+        .map(|r| (r.code.as_str(), r.message.as_str()))
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, "endpoint_not_found");
+    assert!(
+        refused[0].1.contains("\"ac\"") && refused[0].1.contains("dst Person \"c\""),
+        "c was deleted: {}",
+        refused[0].1
+    );
+    let rows = graphsink::row_counts(&graph, &f.commit)
+        .await
+        .expect("rows");
+    assert_eq!(rows["edges/Likes"], 2, "ab, and ad (d was added)");
+    pool.close().await.expect("close");
+}

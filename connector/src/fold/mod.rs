@@ -43,6 +43,7 @@ use read::ReadSet;
 pub use offline::fold_offline;
 pub(crate) use plan::oldest_pending;
 pub use plan::{plan, FoldPlan};
+
 pub use policy::Policies;
 pub(crate) use recover::recover;
 pub(crate) use redeliver::{undelivered, Undelivered};
@@ -59,13 +60,41 @@ const MOVES: usize = 8;
 pub struct Folded {
     pub commit: GraphCommit,
     pub rejects: Vec<Reject>,
+    /// Where the fold's wall time went.
+    pub stages: StageTimes,
+}
+
+/// Wall time of each stage of one `execute`, in seconds (for the bench and
+/// the fold's log line).
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct StageTimes {
+    /// Reading the planned generations (`read`).
+    pub read: f64,
+    /// Reading the base view the checks need (`checks::read_view`).
+    pub view: f64,
+    /// The checks themselves, on what was read.
+    pub check: f64,
+    /// The delete and upsert passes, with in-fold compaction.
+    pub write: f64,
+    /// The graph commit (with any re-check on a moved head).
+    pub publish: f64,
 }
 
 /// Executes a plan: read → check → write → publish. Idempotent: tables
 /// whose last pass of this plan is committed are not written again.
 pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Result<Folded> {
+    let mut stages = StageTimes::default();
+    let mut clock = std::time::Instant::now();
+    let mut lap = |slot: &mut f64| {
+        *slot = clock.elapsed().as_secs_f64();
+        clock = std::time::Instant::now();
+    };
     let read = read::read_plan(graph, plan).await?;
-    let checked = check_on(graph, policies, plan, &read, &plan.base).await?;
+    lap(&mut stages.read);
+    let view = checks::read_view(graph, &plan.base, &plan.retry_pending, &read).await?;
+    lap(&mut stages.view);
+    let checked = check_with(graph, policies, plan, &read, &view)?;
+    lap(&mut stages.check);
     let rejects: Vec<Reject> = checked
         .rejections
         .iter()
@@ -79,10 +108,18 @@ pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Res
     // Kept (batches are shared, not copied) for a re-check on a moved head;
     // its id sets are built only then, not on every fold.
     let changes = write::with_rejects(checked.changes.clone(), plan, &read, &rejects)?;
+    let node_ids = write::node_id_changes(graph, plan, &changes)?;
     let outcomes = write::write_all(graph, plan, changes).await?;
+    write::advance_node_ids(graph, plan, node_ids, &outcomes).await;
+    lap(&mut stages.write);
     failpoints::hit(failpoints::FOLD_BEFORE_PUBLISH)?;
     let commit = publish_checked(graph, policies, plan, &read, &checked, &outcomes).await?;
-    Ok(Folded { commit, rejects })
+    lap(&mut stages.publish);
+    Ok(Folded {
+        commit,
+        rejects,
+        stages,
+    })
 }
 
 /// Reads the base view at `base` and runs the checks on `read`.
@@ -94,13 +131,24 @@ async fn check_on(
     base: &std::collections::BTreeMap<String, u64>,
 ) -> Result<Checked> {
     let view = checks::read_view(graph, base, &plan.retry_pending, read).await?;
+    check_with(graph, policies, plan, read, &view)
+}
+
+/// Runs the checks on `read` over a base view already read.
+fn check_with(
+    graph: &Graph,
+    policies: &Policies,
+    plan: &FoldPlan,
+    read: &ReadSet,
+    view: &checks::BaseView,
+) -> Result<Checked> {
     checks::check(&Ctx {
         schema: &graph.schema,
         policies,
         now: plan.created_at,
         retry_pending: &plan.retry_pending,
         read,
-        view: &view,
+        view,
     })
 }
 

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use arrow::array::{Array, BooleanArray, RecordBatch, StringArray, TimestampMillisecondArray};
 use arrow::compute::{concat_batches, filter_record_batch};
 use arrow_schema::SchemaRef;
+use futures::TryStreamExt;
 use lance::Dataset;
 
 use crate::error::{Context, Error, Result};
@@ -60,21 +61,35 @@ pub(crate) fn id_set(rows: Option<&RecordBatch>) -> Result<HashSet<String>> {
         .collect())
 }
 
-/// Selected rows (each batch holding `schema`'s columns first), as one batch.
+/// Selected rows (each batch holding `schema`'s columns first), as one
+/// batch. One `interleave` over the distinct source batches (the same
+/// column arrays: the same batch), not a slice and a copy per row.
 pub(crate) fn rows_of<'a>(
     schema: &SchemaRef,
     picks: impl IntoIterator<Item = &'a RowRef>,
 ) -> Result<Option<RecordBatch>> {
     let cols = (0..schema.fields().len()).collect::<Vec<_>>();
-    let parts: Vec<RecordBatch> = picks
-        .into_iter()
-        .map(|p| p.rows.project(&cols).map(|b| b.slice(p.index, 1)))
-        .collect::<std::result::Result<_, _>>()
-        .ctx("pick rows")?;
-    if parts.is_empty() {
+    let same = |a: &RecordBatch, b: &RecordBatch| {
+        cols.iter()
+            .all(|&i| std::sync::Arc::ptr_eq(a.column(i), b.column(i)))
+    };
+    let mut sources: Vec<RecordBatch> = Vec::new();
+    let mut at: Vec<(usize, usize)> = Vec::new();
+    for p in picks {
+        let b = match sources.iter().position(|s| same(s, &p.rows)) {
+            Some(b) => b,
+            None => {
+                sources.push(p.rows.project(&cols).ctx("pick rows")?);
+                sources.len() - 1
+            }
+        };
+        at.push((b, p.index));
+    }
+    if at.is_empty() {
         return Ok(None);
     }
-    let one = concat_batches(&parts[0].schema(), &parts).ctx("pick rows")?;
+    let batches: Vec<&RecordBatch> = sources.iter().collect();
+    let one = arrow::compute::interleave_record_batch(&batches, &at).ctx("pick rows")?;
     RecordBatch::try_new(schema.clone(), one.columns().to_vec())
         .map(Some)
         .ctx("pick rows")
@@ -96,6 +111,27 @@ pub(crate) fn drop_rows(
 pub(crate) async fn read_all(ds: &Dataset, cols: Option<&[&str]>) -> Result<Vec<RecordBatch>> {
     crate::graph::scan(ds, None, cols).await
 }
+
+/// Calls `f` on each batch of `ds` (at its checked-out version), projected
+/// to `cols`, as the scan yields it: memory follows a batch, not the table.
+pub(crate) async fn scan_each(
+    ds: &Dataset,
+    cols: &[&str],
+    mut f: impl FnMut(&RecordBatch) -> Result<()>,
+) -> Result<()> {
+    let what = || format!("scan {} for {cols:?}", ds.uri());
+    let mut scan = ds.scan();
+    scan.project(cols).ctx(what())?;
+    let mut stream = scan.try_into_stream().await.ctx(what())?;
+    while let Some(b) = stream.try_next().await.ctx(what())? {
+        f(&b)?;
+    }
+    Ok(())
+}
+
+/// A hash set for per-row probes of base columns (foldhash, not SipHash:
+/// the keys are ours and the probes run once per base row).
+pub(crate) type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
 
 /// The non-empty batches as one, or `None`.
 pub(crate) fn concat_all(batches: Vec<RecordBatch>) -> Result<Option<RecordBatch>> {

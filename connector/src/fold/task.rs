@@ -111,7 +111,21 @@ impl FoldLoop {
         .await?
         {
             plan.dead_letters_delivered = plan.dead_letters_delivered.max(self.delivered);
-            let Folded { commit, rejects } = execute(&self.graph, &self.policies, &plan).await?;
+            let Folded {
+                commit,
+                rejects,
+                stages: t,
+            } = execute(&self.graph, &self.policies, &plan).await?;
+            tracing::debug!(
+                seq = commit.seq,
+                rejects = rejects.len(),
+                read_s = t.read,
+                view_s = t.view,
+                check_s = t.check,
+                write_s = t.write,
+                publish_s = t.publish,
+                "fold stages"
+            );
             *spans = WrittenSpans::default();
             // Published first, then produced: a crash in between re-delivers
             // on the next start (at least once, by reject_id).

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::checks::Change;
 use super::plan::{FoldPlan, TablePlan};
 use super::read::ReadSet;
-use super::rows::pk_of;
+use super::rows::{id_set, pk_of};
 use crate::error::{Context, Result};
 use crate::failpoints;
 use crate::graph::{Graph, TableStats};
@@ -109,6 +109,94 @@ pub(crate) async fn write_all(
         outcomes.insert(table, outcome);
     }
     Ok(outcomes)
+}
+
+/// The node ids each node table of `changes` gains and loses, for the
+/// tables whose ids the fold keeps at the plan's base version.
+pub(crate) fn node_id_changes(
+    graph: &Graph,
+    plan: &FoldPlan,
+    changes: &BTreeMap<String, Change>,
+) -> Result<Vec<NodeIdChange>> {
+    let mut out = Vec::new();
+    for ty in graph.schema.nodes() {
+        let (Some(c), Some(&base)) = (changes.get(&ty.table), plan.base.get(&ty.table)) else {
+            continue;
+        };
+        if graph.known_ids.at(&ty.table, base).is_none() {
+            continue;
+        }
+        out.push(NodeIdChange {
+            table: ty.table.clone(),
+            base,
+            added: id_set(c.upserts.as_ref())?.into_iter().collect(),
+            removed: c.deletes.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// What one fold does to the ids of one node table.
+pub(crate) struct NodeIdChange {
+    table: String,
+    base: u64,
+    added: Vec<String>,
+    removed: Vec<String>,
+}
+
+/// Moves the kept node ids of each changed table to the version the fold
+/// wrote, when every Lance commit since the base is this fold's (else a
+/// commit the fold did not make could have changed the ids: forgotten).
+pub(crate) async fn advance_node_ids(
+    graph: &Graph,
+    plan: &FoldPlan,
+    changes: Vec<NodeIdChange>,
+    outcomes: &Outcomes,
+) {
+    for c in changes {
+        let Some(to) = outcomes.get(&c.table).map(|o| o.version) else {
+            continue;
+        };
+        match only_ours(graph, &c.table, c.base, to, &plan.commit_id).await {
+            Ok(true) => graph.known_ids.advance(
+                &c.table,
+                c.base,
+                to,
+                c.added.iter().map(String::as_str),
+                c.removed.iter().map(String::as_str),
+            ),
+            Ok(false) => graph.known_ids.forget(&c.table),
+            Err(e) => {
+                tracing::debug!(table = %c.table, error = %e, "cannot read the fold's commits; node ids forgotten");
+                graph.known_ids.forget(&c.table);
+            }
+        }
+    }
+}
+
+/// Whether every commit of `table` after version `from` up to `to` carries
+/// plan `commit_id`.
+async fn only_ours(
+    graph: &Graph,
+    table: &str,
+    from: u64,
+    to: u64,
+    commit_id: &str,
+) -> Result<bool> {
+    let ds = graph.open_table(table, Some(to)).await?;
+    for v in from + 1..=to {
+        let txn = ds.read_transaction_by_version(v).await.ctx(ds.uri())?;
+        let ours = txn
+            .as_ref()
+            .and_then(|t| t.transaction_properties.as_ref())
+            .and_then(|p| p.get(PLAN_PROPERTY))
+            .and_then(|p| serde_json::from_str::<FoldPlan>(p).ok())
+            .is_some_and(|p| p.commit_id == commit_id);
+        if !ours {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// One table's writes: what every pass shares.
@@ -232,8 +320,11 @@ impl TableWrite<'_> {
         .ctx("delete keys")?;
         let mut b =
             MergeInsertBuilder::try_new(ds.clone(), vec![self.pk.into()]).ctx(self.table)?;
+        // No scalar index: graphsink builds none, and looking for one logs a
+        // spurious ERROR for the MemWAL index (Lance 14 `load_scalar_index`).
         b.when_matched(WhenMatched::Delete)
             .when_not_matched(WhenNotMatched::DoNothing)
+            .use_index(false)
             .conflict_retries(0);
         if last && !self.markers.is_empty() {
             b.mark_sstables_as_compacted(self.markers.clone());
@@ -272,6 +363,7 @@ impl TableWrite<'_> {
             MergeInsertBuilder::try_new(ds.clone(), vec![self.pk.into()]).ctx(self.table)?;
         b.when_matched(WhenMatched::UpdateAll)
             .when_not_matched(WhenNotMatched::InsertAll)
+            .use_index(false)
             .conflict_retries(0);
         if !self.markers.is_empty() {
             b.mark_sstables_as_compacted(self.markers.clone());

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use arrow::array::RecordBatch;
 
-use super::view::Link;
+use super::view::CardBase;
 use super::{Rejection, Violation};
 use crate::error::Result;
 use crate::fold::rows::strings;
@@ -33,13 +33,11 @@ struct Counts {
 }
 
 impl Counts {
-    fn of(base: &[Link]) -> Counts {
-        let mut c = Counts::default();
-        for l in base {
-            *c.count.entry(l.src.clone()).or_default() += 1;
-            c.src_of.insert(l.id.clone(), l.src.clone());
+    fn of(base: &CardBase) -> Counts {
+        Counts {
+            src_of: base.src_of.clone(),
+            count: base.count.clone(),
         }
-        c
     }
 
     fn remove(&mut self, id: &str) {
@@ -52,14 +50,15 @@ impl Counts {
 }
 
 /// Checks `rows` (this fold's resolved edges) and `deletes` (explicit) of
-/// edge type `ty` against the committed edges `base`, after `cascaded`.
+/// edge type `ty` against the committed edges `base` (as far as they
+/// count for these rows and deletes), after `cascaded`.
 pub(crate) fn card_check(
     ty: &GraphType,
     ends: &EdgeEnds,
     rows: &RecordBatch,
     deletes: Vec<String>,
     cascaded: &[String],
-    base: &[Link],
+    base: &CardBase,
 ) -> Result<CardOutcome> {
     if ends.card_max.is_none() && ends.card_min == 0 {
         return Ok(CardOutcome {

@@ -102,12 +102,8 @@ fn constrain(
     let rows = resolved
         .clone()
         .unwrap_or_else(|| RecordBatch::new_empty(ty.table_schema.clone()));
-    let base = ctx
-        .view
-        .card
-        .get(&ty.table)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let empty = Default::default();
+    let base = ctx.view.card.get(&ty.table).unwrap_or(&empty);
     let card = card_check(ty, ends, &rows, deletes, &cascaded, base)?;
     let mut out = Constrained {
         rejections: card.refused,

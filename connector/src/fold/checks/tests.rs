@@ -163,7 +163,7 @@ fn card_max_keeps_the_earliest_and_does_not_recount_an_update() {
         );
     f.view
         .card
-        .insert("edges/WorksAt".into(), vec![link("e0", "p1", "c1")]);
+        .insert("edges/WorksAt".into(), vec![link("e0", "p1", "c1")].into());
     let c = f.check();
     assert_eq!(refused(&c), vec![r("edges/WorksAt", "e1", Cardinality)]);
     assert!(c.rejections[0]
@@ -182,7 +182,8 @@ fn card_min_refuses_explicit_deletes_that_go_below_it() {
             link("e0", "p1", "c1"),
             link("e1", "p2", "c1"),
             link("e2", "p2", "c2"),
-        ],
+        ]
+        .into(),
     );
     let c = f.check();
     // p1 has one edge (the min); p2 has two, so one of them may go.
@@ -327,7 +328,7 @@ fn a_referenced_delete_cascades_under_cascade_even_below_card_min() {
         .insert("edges/WorksAt".into(), vec![link("e0", "p1", "c1")]);
     f.view
         .card
-        .insert("edges/WorksAt".into(), vec![link("e0", "p1", "c1")]);
+        .insert("edges/WorksAt".into(), vec![link("e0", "p1", "c1")].into());
     let c = f.check();
     assert_eq!(refused(&c), vec![]);
     assert_eq!(c.changes["nodes/Person"].deletes, vec!["p1".to_string()]);

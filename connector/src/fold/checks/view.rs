@@ -1,15 +1,19 @@
 //! The base view: what the checks need of the base tables at one commit,
-//! read once before they run. Reads only what this fold's rows can ask
-//! about, so a fold's cost follows its rows and its constraints.
+//! read once before they run. Keeps only what this fold's rows can ask
+//! about: each base table a check needs is streamed once (a column or
+//! two, batch by batch) and probed against the fold's own values with a
+//! hash set, so memory follows the fold, and a base row costs a hash probe
+//! and no allocation (BENCHMARKS.md, "Fold cost against graph size").
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasher, Hash, Hasher};
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
 
 use super::unique::tuples;
 use crate::error::{Context, Error, Result};
 use crate::fold::read::ReadSet;
-use crate::fold::rows::{concat_all, pending_since, read_all, strings};
+use crate::fold::rows::{concat_all, pending_since, read_all, scan_each, strings, FastSet};
 use crate::graph::Graph;
 use crate::schema::{pending_table, EdgeEnds, GraphSchema, GraphType, ID};
 
@@ -19,12 +23,13 @@ pub(crate) struct BaseView {
     /// Committed ids per node table, among the edge endpoints the fold
     /// asks about (its edges and the deferred ones).
     pub node_ids: HashMap<String, HashSet<String>>,
-    /// Every committed edge of each edge table with a `@card`.
-    pub card: HashMap<String, Vec<Link>>,
+    /// What `@card` needs of each edge table with one.
+    pub card: HashMap<String, CardBase>,
     /// Committed edges that touch a node this fold deletes, per edge table.
     pub links: HashMap<String, Vec<Link>>,
     /// Committed `@unique` tuples per table, one list per constraint (in
-    /// the schema's order), in scan order; rows with a null part hold none.
+    /// the schema's order), in scan order: the rows holding a tuple that
+    /// a row of this fold may claim (rows with a null part hold none).
     pub uniques: HashMap<String, Vec<Vec<Held>>>,
     /// Deferred edges per edge table.
     pub pending: HashMap<String, Pending>,
@@ -36,6 +41,29 @@ pub(crate) struct Link {
     pub id: String,
     pub src: String,
     pub dst: String,
+}
+
+/// The committed edges `@card` counts, as far as this fold can change them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CardBase {
+    /// Committed edges per `src`, for every `src` of the fold's candidate
+    /// edges and of the committed edges it rewrites or deletes (absent: 0).
+    pub count: HashMap<String, u64>,
+    /// The `src` of each committed edge among the fold's candidates, its
+    /// deletes and the edges that touch a node it deletes.
+    pub src_of: HashMap<String, String>,
+}
+
+impl From<Vec<Link>> for CardBase {
+    /// Every edge counted (tests build views from whole tables).
+    fn from(links: Vec<Link>) -> CardBase {
+        let mut c = CardBase::default();
+        for l in links {
+            *c.count.entry(l.src.clone()).or_default() += 1;
+            c.src_of.insert(l.id, l.src);
+        }
+        c
+    }
 }
 
 /// A committed row holding a `@unique` tuple.
@@ -118,9 +146,9 @@ impl ViewReader<'_> {
         let Some(r) = self.read.get(&ty.table) else {
             return Ok(());
         };
-        if r.upserts.is_some() && !ty.constraints.uniques.is_empty() {
-            if let Some(v) = self.at(&ty.table) {
-                let held = read_uniques(self.graph, ty, v).await?;
+        if let (Some(rows), Some(v)) = (&r.upserts, self.at(&ty.table)) {
+            if !ty.constraints.uniques.is_empty() {
+                let held = read_uniques(self.graph, ty, v, &[rows]).await?;
                 self.view.uniques.insert(ty.table.clone(), held);
             }
         }
@@ -131,45 +159,84 @@ impl ViewReader<'_> {
         Ok(())
     }
 
-    /// An edge table's committed edges (for `@card` and for deleted
-    /// nodes), `@unique` tuples and deferred edges; notes its endpoints.
+    /// An edge table's deferred edges, its committed edges that touch a
+    /// deleted node, what `@card` and `@unique` need of it; notes the
+    /// endpoints its candidates (this fold's edges and the deferred ones)
+    /// ask about.
     async fn edge_table(&mut self, ty: &GraphType, ends: &EdgeEnds, touched: bool) -> Result<()> {
-        let carded = ends.card_max.is_some() || ends.card_min > 0;
-        if let Some(v) = self.at(&ty.table) {
-            if touched || carded {
-                let links = read_links(self.graph, ty, v).await?;
-                if touched {
-                    let from = self.deleted.get(&ends.from);
-                    let to = self.deleted.get(&ends.to);
-                    let hit = |l: &&Link| {
-                        from.is_some_and(|d| d.contains(&l.src))
-                            || to.is_some_and(|d| d.contains(&l.dst))
-                    };
-                    let touching = links.iter().filter(hit).cloned().collect();
-                    self.view.links.insert(ty.table.clone(), touching);
-                }
-                if carded {
-                    self.view.card.insert(ty.table.clone(), links);
-                }
-            }
-            if !ty.constraints.uniques.is_empty() {
-                let held = read_uniques(self.graph, ty, v).await?;
-                self.view.uniques.insert(ty.table.clone(), held);
-            }
-        }
         let pt = pending_table(&ty.table);
         if let Some(pv) = self.at(&pt) {
             if let Some(p) = read_pending(self.graph, ty, &pt, pv).await? {
                 self.view.pending.insert(ty.table.clone(), p);
             }
         }
-        let read = self.read;
-        if let Some(rows) = read.get(&ty.table).and_then(|r| r.upserts.as_ref()) {
-            self.want(ends, rows)?;
+        let read = self.read.get(&ty.table);
+        let deletes = read.map(|r| r.deletes.as_slice()).unwrap_or_default();
+        let pending = self.view.pending.get(&ty.table).map(|p| p.rows.clone());
+        let cands: Vec<&RecordBatch> = read
+            .and_then(|r| r.upserts.as_ref())
+            .into_iter()
+            .chain(pending.as_ref())
+            .collect();
+        if let Some(v) = self.at(&ty.table) {
+            // One scan of the edge table feeds every probe this fold needs.
+            let ds = self.graph.open_table(&ty.table, Some(v)).await?;
+            let carded = ends.card_max.is_some() || ends.card_min > 0;
+            let uniques = !ty.constraints.uniques.is_empty() && !cands.is_empty();
+            let mut touch = touched
+                .then(|| Touching::new(self.deleted.get(&ends.from), self.deleted.get(&ends.to)));
+            let mut card = carded
+                .then(|| CardProbe::new(&cands, deletes))
+                .transpose()?;
+            let mut unique = uniques.then(|| UniqueProbe::new(ty, &cands)).transpose()?;
+            let mut cols = vec![ID];
+            let mut need = |c: &'static str| {
+                if !cols.contains(&c) {
+                    cols.push(c)
+                }
+            };
+            if touch.is_some() || card.is_some() {
+                need("src");
+            }
+            if touch.is_some() {
+                need("dst");
+            }
+            let unique_cols = unique.as_ref().map(|u| u.cols()).unwrap_or_default();
+            for c in &unique_cols {
+                if !cols.contains(&c.as_str()) {
+                    cols.push(c.as_str());
+                }
+            }
+            if touch.is_some() || card.is_some() || unique.is_some() {
+                scan_each(&ds, &cols, |b| {
+                    let hit = match &mut touch {
+                        Some(t) => t.batch(b)?,
+                        None => vec![],
+                    };
+                    if let Some(c) = &mut card {
+                        c.batch(b, &hit)?;
+                    }
+                    if let Some(u) = &mut unique {
+                        u.batch(b)?;
+                    }
+                    Ok(())
+                })
+                .await?;
+            }
+            if let Some(t) = touch {
+                self.view.links.insert(ty.table.clone(), t.links);
+            }
+            if let Some(c) = card {
+                self.view
+                    .card
+                    .insert(ty.table.clone(), c.finish(&ds).await?);
+            }
+            if let Some(u) = unique {
+                self.view.uniques.insert(ty.table.clone(), u.held);
+            }
         }
-        if let Some(p) = self.view.pending.get(&ty.table) {
-            let rows = p.rows.clone();
-            self.want(ends, &rows)?;
+        for rows in cands {
+            self.want(ends, rows)?;
         }
         Ok(())
     }
@@ -197,44 +264,254 @@ pub(super) fn node_table(schema: &GraphSchema, name: &str) -> Result<String> {
         .ok_or_else(|| Error::Corrupt(format!("endpoint type {name} is not in the schema")))
 }
 
-async fn read_uniques(graph: &Graph, ty: &GraphType, v: u64) -> Result<Vec<Vec<Held>>> {
+fn fast_set<'a>(items: impl IntoIterator<Item = &'a str>) -> FastSet<&'a str> {
+    items.into_iter().collect()
+}
+
+/// The committed rows holding a `@unique` tuple that a row of `claims`
+/// may claim, per constraint (a node table's own scan).
+async fn read_uniques(
+    graph: &Graph,
+    ty: &GraphType,
+    v: u64,
+    claims: &[&RecordBatch],
+) -> Result<Vec<Vec<Held>>> {
     let ds = graph.open_table(&ty.table, Some(v)).await?;
-    let mut out = Vec::new();
-    for u in &ty.constraints.uniques {
-        let cols: Vec<&str> = u.iter().map(String::as_str).collect();
-        let mut proj = vec![ID];
-        proj.extend(&cols);
-        let mut held = Vec::new();
-        for b in read_all(&ds, Some(&proj)).await? {
-            let ids = strings(&b, ID)?;
-            for (i, t) in tuples(&b, &cols)?.into_iter().enumerate() {
-                if let Some(tuple) = t {
-                    held.push(Held {
-                        tuple,
-                        id: ids.value(i).to_string(),
-                    });
+    let mut probe = UniqueProbe::new(ty, claims)?;
+    let mut cols = vec![ID.to_string()];
+    cols.extend(probe.cols().into_iter().filter(|c| c != ID));
+    let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
+    scan_each(&ds, &cols, |b| probe.batch(b)).await?;
+    Ok(probe.held)
+}
+
+/// Finds the committed holders of the `@unique` tuples a fold may claim.
+/// Each base batch's tuples are hashed column-wise and probed; only the
+/// hits (and the rare hash collisions, which the exact comparison in
+/// `unique_violations` drops) become strings.
+struct UniqueProbe {
+    /// Per constraint: its columns and the hashes of the claimed tuples.
+    wanted: Vec<(Vec<String>, FastSet<u64>)>,
+    hasher: foldhash::fast::RandomState,
+    /// Per constraint, in scan order.
+    held: Vec<Vec<Held>>,
+}
+
+impl UniqueProbe {
+    fn new(ty: &GraphType, claims: &[&RecordBatch]) -> Result<UniqueProbe> {
+        let hasher = foldhash::fast::RandomState::default();
+        let mut wanted = Vec::new();
+        for u in &ty.constraints.uniques {
+            let cols: Vec<&str> = u.iter().map(String::as_str).collect();
+            let mut set = FastSet::default();
+            for rows in claims {
+                set.extend(tuple_hashes(rows, &cols, &hasher)?.into_iter().flatten());
+            }
+            wanted.push((u.clone(), set));
+        }
+        let held = vec![Vec::new(); wanted.len()];
+        Ok(UniqueProbe {
+            wanted,
+            hasher,
+            held,
+        })
+    }
+
+    /// Every column a constraint names.
+    fn cols(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (cols, _) in &self.wanted {
+            for c in cols {
+                if !out.contains(c) {
+                    out.push(c.clone());
                 }
             }
         }
-        out.push(held);
+        out
     }
-    Ok(out)
+
+    fn batch(&mut self, b: &RecordBatch) -> Result<()> {
+        for (k, (cols, wanted)) in self.wanted.iter().enumerate() {
+            if wanted.is_empty() {
+                continue;
+            }
+            let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
+            let hits: UInt32Array = tuple_hashes(b, &cols, &self.hasher)?
+                .into_iter()
+                .enumerate()
+                .filter(|(_, h)| h.is_some_and(|h| wanted.contains(&h)))
+                .map(|(i, _)| Some(i as u32))
+                .collect();
+            if hits.is_empty() {
+                continue;
+            }
+            let b = arrow::compute::take_record_batch(b, &hits).ctx("@unique holders")?;
+            let ids = strings(&b, ID)?;
+            for (i, t) in tuples(&b, &cols)?.into_iter().enumerate() {
+                if let Some(tuple) = t {
+                    let id = ids.value(i).to_string();
+                    self.held[k].push(Held { tuple, id });
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
-async fn read_links(graph: &Graph, ty: &GraphType, v: u64) -> Result<Vec<Link>> {
-    let ds = graph.open_table(&ty.table, Some(v)).await?;
-    let mut out = Vec::new();
-    for b in read_all(&ds, Some(&[ID, "src", "dst"])).await? {
-        let (id, src, dst) = (strings(&b, ID)?, strings(&b, "src")?, strings(&b, "dst")?);
-        for i in 0..b.num_rows() {
-            out.push(Link {
-                id: id.value(i).to_string(),
-                src: src.value(i).to_string(),
-                dst: dst.value(i).to_string(),
-            });
+/// Each row's hash of its `cols` as text (the parts `tuples` spells), or
+/// `None` when a part is null: equal tuples hash equal.
+fn tuple_hashes(
+    rows: &RecordBatch,
+    cols: &[&str],
+    hasher: &foldhash::fast::RandomState,
+) -> Result<Vec<Option<u64>>> {
+    let texts: Vec<ArrayRef> = cols
+        .iter()
+        .map(|c| {
+            let col = rows
+                .column_by_name(c)
+                .ok_or_else(|| Error::Corrupt(format!("no column {c} for @unique")))?;
+            arrow::compute::cast(col, &arrow_schema::DataType::Utf8).ctx("@unique to text")
+        })
+        .collect::<Result<_>>()?;
+    let texts: Vec<&StringArray> = texts
+        .iter()
+        .map(|t| {
+            t.as_any()
+                .downcast_ref::<StringArray>()
+                .expect("cast to Utf8")
+        })
+        .collect();
+    Ok((0..rows.num_rows())
+        .map(|i| {
+            if texts.iter().any(|t| t.is_null(i)) {
+                return None;
+            }
+            let mut h = hasher.build_hasher();
+            for t in &texts {
+                t.value(i).hash(&mut h);
+            }
+            Some(h.finish())
+        })
+        .collect())
+}
+
+/// Finds the committed edges whose `src` is a deleted node of the edge's
+/// `from` type or whose `dst` is one of its `to` type.
+struct Touching {
+    from: FastSet<String>,
+    to: FastSet<String>,
+    links: Vec<Link>,
+}
+
+impl Touching {
+    fn new(from: Option<&HashSet<String>>, to: Option<&HashSet<String>>) -> Touching {
+        Touching {
+            from: from.into_iter().flatten().cloned().collect(),
+            to: to.into_iter().flatten().cloned().collect(),
+            links: Vec::new(),
         }
     }
-    Ok(out)
+
+    /// Notes the touching rows of `b`; returns their indexes.
+    fn batch(&mut self, b: &RecordBatch) -> Result<Vec<usize>> {
+        let (id, src, dst) = (strings(b, ID)?, strings(b, "src")?, strings(b, "dst")?);
+        let mut hit = Vec::new();
+        for i in 0..b.num_rows() {
+            if self.from.contains(src.value(i)) || self.to.contains(dst.value(i)) {
+                hit.push(i);
+                self.links.push(Link {
+                    id: id.value(i).to_string(),
+                    src: src.value(i).to_string(),
+                    dst: dst.value(i).to_string(),
+                });
+            }
+        }
+        Ok(hit)
+    }
+}
+
+/// Finds what `@card` needs of the committed edges: the `src` of every
+/// edge the fold may rewrite (its candidates), delete, or cascade (the
+/// touching edges), and the edge count of every `src` those and the
+/// candidates name.
+struct CardProbe {
+    ids: FastSet<String>,
+    srcs: FastSet<String>,
+    out: CardBase,
+}
+
+impl CardProbe {
+    fn new(cands: &[&RecordBatch], deletes: &[String]) -> Result<CardProbe> {
+        let mut ids: FastSet<String> = deletes.iter().cloned().collect();
+        let mut srcs = FastSet::default();
+        for rows in cands {
+            ids.extend(strings(rows, ID)?.iter().flatten().map(str::to_string));
+            srcs.extend(strings(rows, "src")?.iter().flatten().map(str::to_string));
+        }
+        Ok(CardProbe {
+            ids,
+            srcs,
+            out: CardBase::default(),
+        })
+    }
+
+    /// Counts `b`'s edges of the wanted `src`s and notes the `src` of the
+    /// wanted ids and of the `touching` rows.
+    fn batch(&mut self, b: &RecordBatch, touching: &[usize]) -> Result<()> {
+        let (id, src) = (strings(b, ID)?, strings(b, "src")?);
+        for i in 0..b.num_rows() {
+            let s = src.value(i);
+            if self.srcs.contains(s) {
+                bump(&mut self.out.count, s);
+            }
+            if self.ids.contains(id.value(i)) {
+                self.out
+                    .src_of
+                    .insert(id.value(i).to_string(), s.to_string());
+            }
+        }
+        for &i in touching {
+            self.out
+                .src_of
+                .insert(id.value(i).to_string(), src.value(i).to_string());
+        }
+        Ok(())
+    }
+
+    /// Counts the `src`s of rewritten, deleted or cascaded edges that no
+    /// candidate names: a second scan of `src`, only when there are any.
+    async fn finish(mut self, ds: &lance::Dataset) -> Result<CardBase> {
+        let more: FastSet<String> = self
+            .out
+            .src_of
+            .values()
+            .filter(|s| !self.srcs.contains(s.as_str()))
+            .cloned()
+            .collect();
+        if !more.is_empty() {
+            let count = &mut self.out.count;
+            scan_each(ds, &["src"], |b| {
+                for s in strings(b, "src")?.iter().flatten() {
+                    if more.contains(s) {
+                        bump(count, s);
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(self.out)
+    }
+}
+
+fn bump(count: &mut HashMap<String, u64>, key: &str) {
+    match count.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            count.insert(key.to_string(), 1);
+        }
+    }
 }
 
 async fn read_pending(graph: &Graph, ty: &GraphType, pt: &str, v: u64) -> Result<Option<Pending>> {
@@ -252,21 +529,42 @@ async fn read_pending(graph: &Graph, ty: &GraphType, pt: &str, v: u64) -> Result
     Ok(Some(Pending { rows, since }))
 }
 
-/// Which of `ids` exist in `table` at version `v`.
+/// Which of `ids` exist in `table` at version `v`: from the ids the fold
+/// keeps in memory for that version, else from one scan of `id`, which
+/// fills them (within `fold.known_ids_max`).
 async fn existing_ids(
     graph: &Graph,
     table: &str,
     v: u64,
     ids: &HashSet<String>,
 ) -> Result<HashSet<String>> {
+    let known = &graph.known_ids;
+    if let Some(set) = known.at(table, v) {
+        return Ok(ids
+            .iter()
+            .filter(|id| known.contains(&set, id))
+            .cloned()
+            .collect());
+    }
     let ds = graph.open_table(table, Some(v)).await?;
+    let rows = ds.count_rows(None).await.ctx(table)?;
+    let mut fill = known.filling(table, rows);
+    let wanted = fast_set(ids.iter().map(String::as_str));
     let mut found = HashSet::new();
-    for b in read_all(&ds, Some(&[ID])).await? {
-        for id in strings(&b, ID)?.iter().flatten() {
-            if ids.contains(id) {
+    scan_each(&ds, &[ID], |b| {
+        for id in strings(b, ID)?.iter().flatten() {
+            if wanted.contains(id) {
                 found.insert(id.to_string());
             }
+            if let Some(f) = &mut fill {
+                known.add(f, id);
+            }
         }
+        Ok(())
+    })
+    .await?;
+    if let Some(f) = fill {
+        known.keep(table, v, f);
     }
     Ok(found)
 }
