@@ -123,14 +123,16 @@ async fn write_records(
 }
 
 /// One fold as the fold loop makes it (cut, plan, execute, publish), timed.
-struct TimedFold {
-    commit: graphsink::GraphCommit,
-    fold_secs: f64,
-    head_secs: f64,
-    plan_secs: f64,
+pub struct TimedFold {
+    pub commit: graphsink::GraphCommit,
+    pub rejects: usize,
+    pub fold_secs: f64,
+    pub head_secs: f64,
+    pub plan_secs: f64,
+    pub stages: graphsink::testing::StageTimes,
 }
 
-async fn timed_fold(
+pub async fn timed_fold(
     graph: &Graph,
     policies: &graphsink::testing::Policies,
     pool: &ShardPool,
@@ -156,11 +158,11 @@ async fn timed_fold(
     .await?
     .ok_or("nothing to fold")?;
     let plan_secs = t_plan.elapsed().as_secs_f64();
-    let commit = graphsink::testing::execute(graph, policies, &plan)
-        .await?
-        .commit;
+    let folded = graphsink::testing::execute(graph, policies, &plan).await?;
     Ok(TimedFold {
-        commit,
+        commit: folded.commit,
+        rejects: folded.rejects.len(),
+        stages: folded.stages,
         fold_secs: start.elapsed().as_secs_f64(),
         head_secs,
         plan_secs,

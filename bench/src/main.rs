@@ -18,6 +18,7 @@ mod measure;
 mod report;
 mod s3;
 mod sink;
+mod size;
 mod storage;
 mod workload;
 
@@ -103,6 +104,17 @@ struct Args {
     history_rows: usize,
     #[arg(long, default_value_t = 100)]
     history_filler: usize,
+    /// Instead of the Kafka phases: fold cost against graph size. Grows one
+    /// graph to each of these sizes (rows per type, comma list, e.g.
+    /// 100000,1000000,10000000) and times a fold of `--size-rows` rows of
+    /// each type there (nodes; edges; edges with `@card` and `@unique`).
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<u64>,
+    #[arg(long, default_value_t = 20_000)]
+    size_rows: usize,
+    /// Rows per type of each (unmeasured) fold that grows the graph.
+    #[arg(long, default_value_t = 500_000)]
+    size_chunk: u64,
     /// Instead of the Kafka phases: storage against time. Folds this many
     /// times a steady stream of `--storage-rows` updates per fold over
     /// `--storage-keys` keys, measuring bytes on disk after each fold, with
@@ -206,6 +218,42 @@ async fn run(a: Args) -> Result<(), BoxError> {
         storage::print(&curves, a.storage_step.max(1));
         if let Some(path) = &a.json {
             std::fs::write(path, serde_json::to_string_pretty(&curves)?)?;
+        }
+        return Ok(());
+    }
+    if !a.sizes.is_empty() {
+        let p = size::Params {
+            sizes: a.sizes.clone(),
+            rows: a.size_rows,
+            chunk: a.size_chunk.max(1),
+            buckets: a.buckets,
+            value_bytes: a.value_bytes,
+        };
+        eprintln!(
+            "fold cost against graph size: {} rows per fold at sizes {:?}, {} buckets",
+            p.rows, p.sizes, p.buckets
+        );
+        let probes = size::run(&dir, &p).await?;
+        println!("| rows before | type | fold s | read | view | check | write | publish | rejects | fragments |");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+        for p in &probes {
+            let s = &p.stages;
+            println!(
+                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} |",
+                p.size,
+                p.kind,
+                p.fold_secs,
+                s.read,
+                s.view,
+                s.check,
+                s.write,
+                s.publish,
+                p.rejects,
+                p.table_fragments
+            );
+        }
+        if let Some(path) = &a.json {
+            std::fs::write(path, serde_json::to_string_pretty(&probes)?)?;
         }
         return Ok(());
     }
