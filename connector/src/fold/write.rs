@@ -185,14 +185,7 @@ async fn only_ours(
 ) -> Result<bool> {
     let ds = graph.open_table(table, Some(to)).await?;
     for v in from + 1..=to {
-        let txn = ds.read_transaction_by_version(v).await.ctx(ds.uri())?;
-        let ours = txn
-            .as_ref()
-            .and_then(|t| t.transaction_properties.as_ref())
-            .and_then(|p| p.get(PLAN_PROPERTY))
-            .and_then(|p| serde_json::from_str::<FoldPlan>(p).ok())
-            .is_some_and(|p| p.commit_id == commit_id);
-        if !ours {
+        if pass_of(&ds, v, commit_id).await?.is_none() {
             return Ok(false);
         }
     }
@@ -433,19 +426,24 @@ async fn commit_staged(
 
 /// The sum of what every commit of fold `commit_id` recorded in this table
 /// (its passes, including those of an attempt that crashed).
+/// The transaction properties of version `v` of `ds`, when that commit is
+/// a pass of plan `commit_id`.
+async fn pass_of(ds: &Dataset, v: u64, commit_id: &str) -> Result<Option<HashMap<String, String>>> {
+    let txn = ds.read_transaction_by_version(v).await.ctx(ds.uri())?;
+    let props = txn.and_then(|t| t.transaction_properties);
+    Ok(props.map(|p| (*p).clone()).filter(|p| {
+        p.get(PLAN_PROPERTY)
+            .and_then(|p| serde_json::from_str::<FoldPlan>(p).ok())
+            .is_some_and(|p| p.commit_id == commit_id)
+    }))
+}
+
 async fn committed_outcome(ds: &Dataset, commit_id: &str) -> Result<Option<TableOutcome>> {
     let mut total: Option<TableOutcome> = None;
     for v in (1..=ds.version().version).rev() {
-        let txn = ds.read_transaction_by_version(v).await.ctx(ds.uri())?;
-        let props = txn.as_ref().and_then(|t| t.transaction_properties.clone());
-        let Some(props) = props else { break };
-        let ours = props
-            .get(PLAN_PROPERTY)
-            .and_then(|p| serde_json::from_str::<FoldPlan>(p).ok())
-            .is_some_and(|p| p.commit_id == commit_id);
-        if !ours {
+        let Some(props) = pass_of(ds, v, commit_id).await? else {
             break;
-        }
+        };
         if let Some(pass) = props
             .get(STATS_PROPERTY)
             .and_then(|s| serde_json::from_str::<TableOutcome>(s).ok())

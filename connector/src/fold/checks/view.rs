@@ -189,24 +189,17 @@ impl ViewReader<'_> {
                 .then(|| CardProbe::new(&cands, deletes))
                 .transpose()?;
             let mut unique = uniques.then(|| UniqueProbe::new(ty, &cands)).transpose()?;
-            let mut cols = vec![ID];
-            let mut need = |c: &'static str| {
-                if !cols.contains(&c) {
-                    cols.push(c)
-                }
-            };
+            let mut cols: Vec<String> = vec![ID.into()];
             if touch.is_some() || card.is_some() {
-                need("src");
+                cols.push("src".into());
             }
             if touch.is_some() {
-                need("dst");
+                cols.push("dst".into());
             }
-            let unique_cols = unique.as_ref().map(|u| u.cols()).unwrap_or_default();
-            for c in &unique_cols {
-                if !cols.contains(&c.as_str()) {
-                    cols.push(c.as_str());
-                }
-            }
+            cols.extend(unique.as_ref().map(|u| u.cols()).unwrap_or_default());
+            let mut seen = HashSet::new();
+            cols.retain(|c| seen.insert(c.clone()));
+            let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
             if touch.is_some() || card.is_some() || unique.is_some() {
                 scan_each(&ds, &cols, |b| {
                     let hit = match &mut touch {
