@@ -1,7 +1,8 @@
 //! Named failpoints at each crash window. Armed by the environment variable
 //! `GRAPHSINK_FAILPOINTS="name=action,..."` (action `abort` kills the process
-//! on the spot, like `kill -9`; `error` returns an error) or by `arm` in
-//! tests. Unarmed, a failpoint costs one atomic load.
+//! on the spot, like `kill -9`; `error` returns an error; `abort@N` aborts at
+//! the Nth hit, so a chaos run reaches a window later than its first pass)
+//! or by `arm` in tests. Unarmed, a failpoint costs one atomic load.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +16,28 @@ pub const FOLD_BEFORE_PUBLISH: &str = "fold.before_publish";
 pub const FOLD_BETWEEN_PASSES: &str = "fold.between_passes";
 /// After a fold's publish, before its rejects are produced to the dead-letter topic.
 pub const FOLD_BEFORE_DEAD_LETTERS: &str = "fold.before_dead_letters";
+
+/// Durable records acknowledged (watermarks advanced), before the offset commit.
+pub const COMMIT_BEFORE: &str = "commit.before";
+/// Offsets committed, before the run loop goes on.
+pub const COMMIT_AFTER: &str = "commit.after";
+/// A poll's sync rejects are queued to the rejects WAL, before the dead-letter produce.
+pub const REJECTS_BEFORE_DEAD_LETTERS: &str = "rejects.before_dead_letters";
+/// A poll's sync rejects were acknowledged by the dead-letter topic, before
+/// the poll's ack.
+pub const REJECTS_AFTER_DEAD_LETTERS: &str = "rejects.after_dead_letters";
+/// In the revoke callback, before the revoked partitions' offsets are committed.
+pub const REVOKE_BEFORE_COMMIT: &str = "revoke.before_commit";
+/// In the revoke callback, after the commit, before the run loop hears of it.
+pub const REVOKE_AFTER_COMMIT: &str = "revoke.after_commit";
+/// Shutdown: in-flight durability awaited, before the final sync commit.
+pub const DRAIN_BEFORE_COMMIT: &str = "drain.before_commit";
+/// Shutdown: committed, before the final fold.
+pub const DRAIN_BEFORE_FOLD: &str = "drain.before_fold";
+/// Shutdown: the final fold done, before the writers are closed.
+pub const DRAIN_BEFORE_CLOSE: &str = "drain.before_close";
+/// After a fold's rejects were produced, before the delivery mark is written.
+pub const FOLD_BEFORE_DELIVERED_MARK: &str = "fold.before_delivered_mark";
 
 /// Retention, after its first WAL entry delete (a step cut short).
 pub const GC_WAL_PARTIAL: &str = "gc.wal_partial";
@@ -35,10 +58,22 @@ pub const GC_AFTER_VERSIONS: &str = "gc.after_versions";
 pub enum Action {
     Abort,
     Error,
+    /// Abort at the Nth hit (1 = the first).
+    AbortAt(u32),
 }
 
 static ANY_ARMED: AtomicBool = AtomicBool::new(false);
 static ARMED: OnceLock<Mutex<HashMap<String, Action>>> = OnceLock::new();
+
+fn parse(action: &str) -> Action {
+    match action {
+        "error" => Action::Error,
+        a => match a.strip_prefix("abort@").and_then(|n| n.parse().ok()) {
+            Some(n) => Action::AbortAt(n),
+            None => Action::Abort,
+        },
+    }
+}
 
 fn armed() -> &'static Mutex<HashMap<String, Action>> {
     ARMED.get_or_init(|| {
@@ -46,12 +81,7 @@ fn armed() -> &'static Mutex<HashMap<String, Action>> {
         if let Ok(spec) = std::env::var("GRAPHSINK_FAILPOINTS") {
             for item in spec.split(',').filter(|s| !s.is_empty()) {
                 let (name, action) = item.split_once('=').unwrap_or((item, "abort"));
-                let action = if action == "error" {
-                    Action::Error
-                } else {
-                    Action::Abort
-                };
-                map.insert(name.to_string(), action);
+                map.insert(name.to_string(), parse(action));
             }
         }
         if !map.is_empty() {
@@ -79,13 +109,49 @@ pub fn hit(name: &'static str) -> Result<()> {
     if !ANY_ARMED.load(Ordering::Relaxed) && ARMED.get().is_some() {
         return Ok(());
     }
-    let action = armed().lock().expect("failpoints").get(name).copied();
+    let action = {
+        let mut map = armed().lock().expect("failpoints");
+        match map.get_mut(name) {
+            Some(Action::AbortAt(n)) if *n > 1 => {
+                *n -= 1;
+                return Ok(());
+            }
+            a => a.copied(),
+        }
+    };
     match action {
         None => Ok(()),
         Some(Action::Error) => Err(Error::Failpoint(name)),
-        Some(Action::Abort) => {
+        Some(Action::Abort | Action::AbortAt(_)) => {
             eprintln!("graphsink: failpoint {name} fired: aborting");
             std::process::abort()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_parse() {
+        assert_eq!(parse("abort"), Action::Abort);
+        assert_eq!(parse("error"), Action::Error);
+        assert_eq!(parse("abort@3"), Action::AbortAt(3));
+        assert_eq!(parse("abort@x"), Action::Abort);
+    }
+
+    #[test]
+    fn abort_at_n_passes_the_first_hits() {
+        const FP: &str = "test.abort_at";
+        arm(FP, Action::AbortAt(3));
+        assert!(hit(FP).is_ok());
+        assert!(hit(FP).is_ok());
+        // The third would abort; the counter says it is next.
+        assert_eq!(
+            armed().lock().unwrap().get(FP).copied(),
+            Some(Action::AbortAt(1))
+        );
+        disarm(FP);
     }
 }

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, Tolerance};
 use crate::decode::{RecordDecoder, SourceRecord};
 use crate::error::{Error, Result};
+use crate::failpoints;
 use crate::fold::{self, CutRequest, FoldLoop, FreezeCut, Policies};
 use crate::graph::{Graph, GraphCommit};
 use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent};
@@ -573,7 +574,9 @@ impl RunLoop<'_> {
         let stop = self.shutdown.clone();
         async move {
             if !rejects.is_empty() {
+                failpoints::hit(failpoints::REJECTS_BEFORE_DEAD_LETTERS)?;
                 dead_letters.deliver(&rejects, &stop).await?;
+                failpoints::hit(failpoints::REJECTS_AFTER_DEAD_LETTERS)?;
             }
             for w in writes {
                 w.wait().await?;
@@ -671,11 +674,12 @@ impl RunLoop<'_> {
         if todo.is_empty() {
             return Ok(());
         }
+        failpoints::hit(failpoints::COMMIT_BEFORE)?;
         match consumer::commit(kafka, &todo, mode) {
             Ok(()) => {
                 self.marks.mark_committed(&todo);
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+                failpoints::hit(failpoints::COMMIT_AFTER)
             }
             Err(e) if matches!(mode, CommitMode::Async) => {
                 tracing::warn!(error = %e, "async commit failed; retrying next tick");
@@ -761,7 +765,9 @@ impl RunLoop<'_> {
         // Commit what became durable even when a later poll failed (e.g.
         // the dead-letter topic stayed down through the shutdown).
         let failed = self.await_in_flight().await;
-        let committed = self.commit(&kafka, CommitMode::Sync);
+        let committed = failpoints::hit(failpoints::DRAIN_BEFORE_COMMIT)
+            .and_then(|()| self.commit(&kafka, CommitMode::Sync))
+            .and_then(|()| failpoints::hit(failpoints::DRAIN_BEFORE_FOLD));
         if let Some(e) = committed.err().or(failed) {
             return Err(stop_after_failure(kafka, fold, e).await);
         }
@@ -770,6 +776,9 @@ impl RunLoop<'_> {
             return Err(stop_after_failure(kafka, fold, e).await);
         }
         self.summary.committed = self.marks.all().into_iter().collect();
+        if let Err(e) = failpoints::hit(failpoints::DRAIN_BEFORE_CLOSE) {
+            return Err(stop_after_failure(kafka, fold, e).await);
+        }
         // Leave the group before closing writers so partitions move on promptly.
         consumer::close(kafka).await;
         self.pool.close().await?;

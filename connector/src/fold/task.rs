@@ -134,6 +134,7 @@ impl FoldLoop {
                 self.dead_letters
                     .deliver(&rejects, &self.stop_delivery)
                     .await?;
+                failpoints::hit(failpoints::FOLD_BEFORE_DELIVERED_MARK)?;
                 self.graph.set_dead_letters_delivered(commit.seq).await?;
             }
             // Every earlier commit's rejects went out before this fold.

@@ -16,6 +16,7 @@ use super::client_log::ClientLog;
 use super::{blocking, client};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::failpoints;
 use crate::types::TopicPartition;
 
 /// What librdkafka's rebalance callbacks tell the run loop.
@@ -51,6 +52,8 @@ impl ConsumerContext for GroupContext {
         if let Rebalance::Revoke(tpl) = rebalance {
             let revoked = tp_list(tpl);
             let commit = self.revoked_marks(&revoked);
+            // Only `abort` means anything in a callback (chaos runs).
+            let _ = failpoints::hit(failpoints::REVOKE_BEFORE_COMMIT);
             if commit.count() > 0 {
                 // This callback runs inside `recv`, on a runtime worker.
                 match blocking(|| consumer.commit(&commit, CommitMode::Sync)) {
@@ -60,6 +63,7 @@ impl ConsumerContext for GroupContext {
                     }
                 }
             }
+            let _ = failpoints::hit(failpoints::REVOKE_AFTER_COMMIT);
             let _ = self.events.send(GroupEvent::Revoked(revoked));
         }
     }
