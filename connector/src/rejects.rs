@@ -236,11 +236,18 @@ impl Reject {
         }
     }
 
-    /// A fold reject. Its id is a function of the fold's commit, what was
-    /// refused and the code, so a rolled-forward fold rejects under the
-    /// same ids.
+    /// A fold reject. A refused record's id is a function of its source
+    /// coordinates and the code: a record read again after a crash (its
+    /// offset was durable, not yet committed) and refused by a later fold
+    /// is the same reject, not a second one. A refusal without a record
+    /// (a delete replayed from the WAL) is keyed by the fold's commit and
+    /// what was refused, so a rolled-forward fold rejects under the same id.
     pub fn of_fold(f: FoldRefusal<'_>) -> Reject {
         let code = f.code;
+        let id = match &f.source {
+            Some(s) => format!("fold:{}:{}:{}:{}", s.topic, s.partition, s.offset, code.as_str()),
+            None => format!("fold:{}:{}:{}", f.commit_id, f.what, code.as_str()),
+        };
         let (topic, partition, offset, timestamp) = match f.source {
             Some(s) => (
                 Some(s.topic),
@@ -251,12 +258,7 @@ impl Reject {
             None => (None, None, None, None),
         };
         Reject {
-            reject_id: reject_id(&format!(
-                "fold:{}:{}:{}",
-                f.commit_id,
-                f.what,
-                code.as_str()
-            )),
+            reject_id: reject_id(&id),
             stage: Stage::Fold,
             code,
             message: f.message,
@@ -426,6 +428,34 @@ pub fn owned_headers<H: Headers>(h: Option<&H>) -> Vec<(String, Option<Vec<u8>>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record read again after a crash and refused by another fold is
+    /// the same reject; a refusal without a record is keyed by its fold.
+    #[test]
+    fn a_refused_record_keeps_its_reject_id_across_folds() {
+        let refusal = |commit_id, source: Option<Source>| {
+            Reject::of_fold(FoldRefusal {
+                commit_id,
+                what: "edges/E:upsert:e1",
+                type_name: "E",
+                code: RejectCode::EndpointNotFound,
+                message: "m".into(),
+                row: None,
+                source,
+                created_at: 0,
+            })
+        };
+        let src = || {
+            Some(Source {
+                topic: "t".into(),
+                partition: 1,
+                offset: 7,
+                timestamp: None,
+            })
+        };
+        assert_eq!(refusal("c1", src()).reject_id, refusal("c2", src()).reject_id);
+        assert_ne!(refusal("c1", None).reject_id, refusal("c2", None).reject_id);
+    }
 
     #[test]
     fn rejects_round_trip_through_their_table_layout() {
