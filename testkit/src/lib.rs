@@ -11,4 +11,4 @@ pub mod tansu;
 
 pub use faults::{Exchange, Fault, FaultProxy, Rule, RuleId};
 pub use s3::S3Server;
-pub use tansu::{tie_to_parent, Tansu};
+pub use tansu::{tie_to_parent, Options as TansuOptions, Tansu};

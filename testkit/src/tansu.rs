@@ -14,6 +14,29 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 /// How long tansu may take to answer its first metadata request.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
+/// How to start a tansu: memory storage on a free port unless told.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub port: Option<u16>,
+    /// `--storage-engine`; `memory://tansu/` when `None`.
+    pub storage: Option<String>,
+    /// Extra environment (the `AWS_*` settings of an `s3://` engine).
+    pub env: Vec<(String, String)>,
+}
+
+impl Options {
+    fn storage(&self) -> &str {
+        self.storage.as_deref().unwrap_or("memory://tansu/")
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("pick a free port for tansu: {e}"))
+}
+
 /// A running tansu. Dropping it kills the broker and reaps it.
 pub struct Tansu {
     /// `127.0.0.1:PORT`, for `bootstrap.servers`.
@@ -39,22 +62,36 @@ pub(crate) fn cache_dir() -> PathBuf {
 }
 
 impl Tansu {
-    /// Starts `bin` (default: [`default_bin`]) and waits until a metadata
-    /// request succeeds. Its output goes to `log`, or nowhere if `None`.
-    /// Callers that want a tailored "how to install tansu" message check
-    /// that the binary exists first.
+    /// Starts `bin` (default: [`default_bin`]) with memory storage on a free
+    /// port and waits until a metadata request succeeds. Its output goes to
+    /// `log`, or nowhere if `None`. Callers that want a tailored "how to
+    /// install tansu" message check that the binary exists first.
     pub fn start(bin: Option<PathBuf>, log: Option<&Path>) -> Result<Tansu, String> {
+        Tansu::start_with(bin, log, &Options::default())
+    }
+
+    /// [`Tansu::start`] with a chosen port, storage engine and environment:
+    /// a restart on the same port with `s3://` storage keeps the topics,
+    /// the offsets and the groups (the chaos tool's broker restarts).
+    pub fn start_with(
+        bin: Option<PathBuf>,
+        log: Option<&Path>,
+        opts: &Options,
+    ) -> Result<Tansu, String> {
         let bin = bin.unwrap_or_else(default_bin);
         // Bind-and-release picks a free port; the window until tansu binds is
         // tiny and a clash shows up as a startup failure, not wrong results.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("pick a free port for tansu: {e}"))?
-            .port();
+        let port = match opts.port {
+            Some(p) => p,
+            None => free_port()?,
+        };
         let url = format!("tcp://127.0.0.1:{port}");
         let (stdout, stderr) = match log {
             Some(path) => {
-                let f = std::fs::File::create(path)
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
                     .map_err(|e| format!("create tansu log {}: {e}", path.display()))?;
                 let g = f
                     .try_clone()
@@ -71,7 +108,8 @@ impl Tansu {
             "--advertised-listener-url",
             &url,
         ])
-        .args(["--storage-engine", "memory://tansu/"])
+        .args(["--storage-engine", opts.storage()])
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr);
@@ -84,6 +122,20 @@ impl Tansu {
         };
         tansu.wait_ready(READY_WITHIN, log)?;
         Ok(tansu)
+    }
+
+    /// The broker's process id (for SIGSTOP/SIGCONT).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.bootstrap
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("bootstrap is 127.0.0.1:PORT")
     }
 
     fn wait_ready(&mut self, limit: Duration, log: Option<&Path>) -> Result<(), String> {
@@ -147,7 +199,7 @@ type SpawnRequest = (Command, Sender<std::io::Result<Child>>);
 /// a broker spawned from a test thread (which ends with its test) or a
 /// short-lived worker would be killed early. So every spawn goes through one
 /// thread that lives as long as the process.
-pub(crate) fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<Child> {
+pub fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<Child> {
     static SPAWNER: OnceLock<Sender<SpawnRequest>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();

@@ -1,0 +1,229 @@
+//! The parts a chaos run breaks: the main broker (memory storage, or
+//! `s3://` storage on a moto server so a restart keeps its data), a second
+//! broker holding only the dead-letter topic (so the dead-letter topic can
+//! be taken away without taking the source topics), and the `graphsink run`
+//! process, supervised the way an orchestrator would: restarted whenever it
+//! exits.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use graphsink_testkit::{S3Server, Tansu, TansuOptions};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+
+use crate::check::Res;
+
+pub struct Broker {
+    pub bootstrap: String,
+    tansu: Option<Tansu>,
+    bin: PathBuf,
+    log: PathBuf,
+    opts: TansuOptions,
+    _s3: Option<S3Server>,
+}
+
+impl Broker {
+    /// A memory-storage tansu on a free port.
+    pub fn memory(bin: &Path, log: PathBuf) -> Res<Broker> {
+        Broker::start(bin, log, TansuOptions::default(), None)
+    }
+
+    /// A tansu whose topics, offsets and groups live in a bucket of a
+    /// private moto S3 server, so a restart keeps them.
+    pub fn persistent(bin: &Path, moto: Option<PathBuf>, log: PathBuf) -> Res<Broker> {
+        let s3 = S3Server::start(moto)?;
+        graphsink_testkit::s3::create_bucket(&s3.endpoint, "tansu")?;
+        let opts = TansuOptions {
+            port: None,
+            storage: Some("s3://tansu/".into()),
+            env: vec![
+                ("AWS_ENDPOINT".into(), s3.endpoint.clone()),
+                ("AWS_ALLOW_HTTP".into(), "true".into()),
+                ("AWS_ACCESS_KEY_ID".into(), graphsink_testkit::s3::ACCESS_KEY.into()),
+                ("AWS_SECRET_ACCESS_KEY".into(), graphsink_testkit::s3::SECRET_KEY.into()),
+                ("AWS_DEFAULT_REGION".into(), graphsink_testkit::s3::REGION.into()),
+                ("AWS_REGION".into(), graphsink_testkit::s3::REGION.into()),
+            ],
+        };
+        Broker::start(bin, log, opts, Some(s3))
+    }
+
+    fn start(bin: &Path, log: PathBuf, mut opts: TansuOptions, s3: Option<S3Server>) -> Res<Broker> {
+        let tansu = Tansu::start_with(Some(bin.to_path_buf()), Some(&log), &opts)?;
+        opts.port = Some(tansu.port());
+        Ok(Broker {
+            bootstrap: tansu.bootstrap.clone(),
+            tansu: Some(tansu),
+            bin: bin.to_path_buf(),
+            log,
+            opts,
+            _s3: s3,
+        })
+    }
+
+    /// SIGSTOP: the broker keeps its sockets open and answers nothing.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Some(t) = &self.tansu {
+            // SAFETY: kill(2) on our own child's pid; no memory is touched.
+            unsafe { libc::kill(t.pid() as i32, sig) };
+        }
+    }
+
+    /// kill -9, then a start on the same port and storage.
+    pub fn restart(&mut self, down_for: Duration) -> Res<()> {
+        drop(self.tansu.take()); // kill -9 and reap
+        std::thread::sleep(down_for);
+        self.tansu = Some(Tansu::start_with(Some(self.bin.clone()), Some(&self.log), &self.opts)?);
+        Ok(())
+    }
+
+    pub async fn create_topic(&self, topic: &str, partitions: i32) -> Res<()> {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()
+            .map_err(|e| e.to_string())?;
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        for r in admin
+            .create_topics([&new], &AdminOptions::new())
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            r.map_err(|(t, e)| format!("create topic {t}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// How a `graphsink` process ended.
+#[derive(Debug, Clone)]
+pub struct Exit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// The failpoint that fired, read from its stderr line.
+    pub fired: Option<String>,
+}
+
+/// One `graphsink` process with its output appended to a log file.
+/// Dropping it kills a process still running (an early error of a phase).
+pub struct Process {
+    child: Child,
+    log: PathBuf,
+    log_len_at_start: u64,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Process {
+    pub fn spawn(bin: &Path, args: &[&str], env: &[(&str, String)], log: &Path) -> Res<Process> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| format!("open {}: {e}", log.display()))?;
+        let log_len_at_start = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let g = f.try_clone().map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(f))
+            .stderr(Stdio::from(g));
+        graphsink_testkit::tie_to_parent(&mut cmd);
+        let child = graphsink_testkit::tansu::spawn_from_long_lived_thread(cmd)
+            .map_err(|e| format!("start {}: {e}", bin.display()))?;
+        Ok(Process {
+            child,
+            log: log.to_path_buf(),
+            log_len_at_start,
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own (not yet reaped) child.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Waits up to `limit` for the process to end on its own.
+    pub async fn wait_for(&mut self, limit: Duration) -> Option<Exit> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                use std::os::unix::process::ExitStatusExt;
+                return Some(Exit {
+                    code: status.code(),
+                    signal: status.signal(),
+                    fired: self.fired(),
+                });
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// kill -9 and reap.
+    pub async fn kill(&mut self) -> Exit {
+        let _ = self.child.kill();
+        match self.wait_for(Duration::from_secs(30)).await {
+            Some(e) => e,
+            None => Exit {
+                code: None,
+                signal: None,
+                fired: Some("(did not die within 30 s of SIGKILL)".into()),
+            },
+        }
+    }
+
+    /// SIGTERM, then kill -9 past `grace`.
+    pub async fn stop(&mut self, grace: Duration) -> Exit {
+        self.signal(libc::SIGTERM);
+        match self.wait_for(grace).await {
+            Some(e) => e,
+            None => self.kill().await,
+        }
+    }
+
+    fn fired(&self) -> Option<String> {
+        // The abort message is one eprintln!, but tracing may interleave.
+        let text = std::fs::read(&self.log).ok()?;
+        let start = (self.log_len_at_start as usize).min(text.len());
+        let text = String::from_utf8_lossy(&text[start..]);
+        let mark = "graphsink: failpoint ";
+        text.lines()
+            .find_map(|l| l.find(mark).map(|i| &l[i + mark.len()..]))
+            .and_then(|l| l.split_whitespace().next())
+            .map(str::to_string)
+    }
+
+    /// The lines this process wrote, for a failure report.
+    pub fn tail(&self, n: usize) -> String {
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        let start = (self.log_len_at_start as usize).min(text.len());
+        let text = String::from_utf8_lossy(&text[start..]).into_owned();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
