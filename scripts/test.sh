@@ -30,7 +30,7 @@ esac
 status=0
 cargo test --workspace --locked "${cargo_args[@]}" -- "${test_args[@]}" || status=$?
 
-# The reliability harness's short form (RELIABILITY.md): a fixed seed, 20
+# The reliability harness's short form (RELIABILITY.md): a fixed seed, 30
 # kill -9 trials, a broker freeze, a dead-letter outage, broker restarts and
 # a full disk, each checked by the independent checker. It starts its own
 # brokers (it must freeze and restart them). Only for the whole suite (no
@@ -40,7 +40,7 @@ if [ "$status" -eq 0 ] && { [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_CHAO
     ensure_moto
     cargo build --locked -p graphsink -p graphsink-chaos --bins
     log "graphsink-chaos short form (seed 1)"
-    "$CARGO_TARGET_DIR/debug/graphsink-chaos" --seed 1 --trials 20 --freezes 5 \
+    "$CARGO_TARGET_DIR/debug/graphsink-chaos" --seed 1 --trials 30 --freezes 5 \
         --dead-letter-outage 5 --restarts 2 \
         --tansu "$TANSU_BIN" --moto "$MOTO_BIN" || status=$?
 fi

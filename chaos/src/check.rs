@@ -89,16 +89,24 @@ impl Tail {
     }
 
     /// Reads up to the end offsets as they are now, and at least to
-    /// `at_least` (tansu 0.6 can report a high watermark below the true end
-    /// for a moment, and a graph row from past it must still be judged).
+    /// `at_least` (tansu 0.6 can report a high watermark below the true end,
+    /// and a graph row from past it must still be judged).
     pub fn catch_up(&mut self, at_least: &BTreeMap<i32, i64>) -> Res<()> {
         let topic = &self.topic;
         let mut ends = BTreeMap::new();
         for p in 0..self.partitions {
-            let (_, hi) = self
-                .consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(30))
-                .map_err(|e| format!("watermarks of {topic}/{p}: {e}"))?;
+            // Retried: right after a broker restart the first asks fail.
+            let mut tries = 0;
+            let (_, hi) = loop {
+                match self.consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
+                    Ok(w) => break w,
+                    Err(e) if tries >= 5 => return Err(format!("watermarks of {topic}/{p}: {e}")),
+                    Err(_) => {
+                        tries += 1;
+                        std::thread::sleep(Duration::from_secs(2));
+                    }
+                }
+            };
             ends.insert(p, hi.max(at_least.get(&p).copied().unwrap_or(0)));
         }
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -109,6 +117,7 @@ impl Tail {
         // ends, a second of reading is enough.
         let mut quiet_since: Option<Instant> = None;
         let mut reached_at: Option<Instant> = None;
+        let mut last_error = None;
         loop {
             let reached = ends
                 .iter()
@@ -121,14 +130,25 @@ impl Tail {
                 }
             }
             if Instant::now() > deadline {
-                return Err(format!("reading {topic} back: stuck at {:?} of {ends:?}", self.next));
+                return Err(format!(
+                    "reading {topic} back: stuck at {:?} of {ends:?} (last error: {last_error:?})",
+                    self.next
+                ));
             }
             let Some(m) = self.consumer.poll(Duration::from_millis(200)) else {
                 quiet_since.get_or_insert_with(Instant::now);
                 continue;
             };
             quiet_since = None;
-            let m = m.map_err(|e| format!("reading {topic}: {e}"))?;
+            // Broker restarts leave errors (AllBrokersDown) in the queue:
+            // librdkafka reconnects by itself; the deadline bounds the wait.
+            let m = match m {
+                Ok(m) => m,
+                Err(e) => {
+                    last_error = Some(e.to_string());
+                    continue;
+                }
+            };
             let mut headers = BTreeMap::new();
             if let Some(h) = m.headers() {
                 for hd in h.iter() {

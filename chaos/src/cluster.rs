@@ -64,6 +64,11 @@ impl Broker {
         })
     }
 
+    /// Whether a restart keeps the topics (`s3://` storage).
+    pub fn restartable(&self) -> bool {
+        self._s3.is_some()
+    }
+
     /// SIGSTOP: the broker keeps its sockets open and answers nothing.
     pub fn freeze(&self) {
         self.signal(libc::SIGSTOP);
@@ -222,8 +227,26 @@ impl Process {
     pub fn tail(&self, n: usize) -> String {
         let text = std::fs::read(&self.log).unwrap_or_default();
         let start = (self.log_len_at_start as usize).min(text.len());
-        let text = String::from_utf8_lossy(&text[start..]).into_owned();
+        let text = strip_ansi(&String::from_utf8_lossy(&text[start..]));
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
+}
+
+/// Drops the colour codes of graphsink's log lines (`ESC [ ... m`).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
