@@ -98,7 +98,10 @@ impl Tail {
             // Retried: right after a broker restart the first asks fail.
             let mut tries = 0;
             let (_, hi) = loop {
-                match self.consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
+                match self
+                    .consumer
+                    .fetch_watermarks(topic, p, Duration::from_secs(10))
+                {
                     Ok(w) => break w,
                     Err(e) if tries >= 5 => return Err(format!("watermarks of {topic}/{p}: {e}")),
                     Err(_) => {
@@ -176,7 +179,12 @@ impl Tail {
 }
 
 /// The group's committed offsets (next offset to read) of a topic.
-pub fn committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> Res<BTreeMap<i32, i64>> {
+pub fn committed(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Res<BTreeMap<i32, i64>> {
     let consumer: BaseConsumer = client(bootstrap)
         .set("group.id", group)
         .create()
@@ -295,8 +303,8 @@ pub async fn snapshot(root: &str) -> Res<Snapshot> {
             by_id.len()
         ));
     }
-    let tables: BTreeMap<String, u64> = serde_json::from_value(head["tables"].clone())
-        .map_err(|e| format!("head tables: {e}"))?;
+    let tables: BTreeMap<String, u64> =
+        serde_json::from_value(head["tables"].clone()).map_err(|e| format!("head tables: {e}"))?;
     let mut read = BTreeMap::new();
     for (table, version) in &tables {
         let ds = open(root, table, Some(*version)).await?;
@@ -331,15 +339,27 @@ impl Snapshot {
         let rows = tables.into_iter().flat_map(|t| t.values());
         let mut note = |topic: Option<&str>, p: Option<i64>, o: Option<i64>| {
             if let (Some(t), Some(p), Some(o)) = (topic, p, o) {
-                let e = out.entry(t.to_string()).or_default().entry(p as i32).or_insert(0);
+                let e = out
+                    .entry(t.to_string())
+                    .or_default()
+                    .entry(p as i32)
+                    .or_insert(0);
                 *e = (*e).max(o + 1);
             }
         };
         for r in rows {
-            note(r["_src_topic"].as_str(), r["_src_partition"].as_i64(), r["_src_offset"].as_i64());
+            note(
+                r["_src_topic"].as_str(),
+                r["_src_partition"].as_i64(),
+                r["_src_offset"].as_i64(),
+            );
         }
         for r in &self.rejects {
-            note(r["topic"].as_str(), r["partition"].as_i64(), r["offset"].as_i64());
+            note(
+                r["topic"].as_str(),
+                r["partition"].as_i64(),
+                r["offset"].as_i64(),
+            );
         }
         out
     }
@@ -380,7 +400,10 @@ pub fn expected(msgs: &[Msg], topics: &Topics) -> Expected {
         }
         if let Some(code) = exp.strip_prefix("fold:") {
             e.rejects.insert(m.coords(), code.to_string());
-            by_key.entry((m.topic.clone(), m.key_str())).or_default().push(m.coords());
+            by_key
+                .entry((m.topic.clone(), m.key_str()))
+                .or_default()
+                .push(m.coords());
             continue;
         }
         let Some(k) = m.key_str() else { continue };
@@ -429,8 +452,24 @@ pub fn check_final(
     errors: &mut Vec<String>,
 ) -> Tally {
     let mut t = Tally::default();
-    same_state("nodes/Item", &snap.items, &BTreeMap::new(), &exp.items, &["name", "qty"], None, errors);
-    same_state("edges/Link", &snap.links, &BTreeMap::new(), &exp.links, &["src", "dst", "w"], None, errors);
+    same_state(
+        "nodes/Item",
+        &snap.items,
+        &BTreeMap::new(),
+        &exp.items,
+        &["name", "qty"],
+        None,
+        errors,
+    );
+    same_state(
+        "edges/Link",
+        &snap.links,
+        &BTreeMap::new(),
+        &exp.links,
+        &["src", "dst", "w"],
+        None,
+        errors,
+    );
     if !snap.pending_links.is_empty() {
         errors.push(format!(
             "{} Link edges still deferred although every endpoint was produced: {:?}",
@@ -439,7 +478,10 @@ pub fn check_final(
         ));
     }
     if !snap.dangles.is_empty() {
-        errors.push(format!("{} Dangle edges stored; all should be rejected", snap.dangles.len()));
+        errors.push(format!(
+            "{} Dangle edges stored; all should be rejected",
+            snap.dangles.len()
+        ));
     }
     endpoints(snap, errors);
     let all: BTreeSet<_> = exp.rejects.keys().cloned().collect();
@@ -468,27 +510,62 @@ pub fn check_committed(
             .and_then(|c| c.get(&m.partition))
             .is_some_and(|&c| m.offset < c)
     };
-    same_state("nodes/Item", &snap.items, &BTreeMap::new(), &exp.items, &["name", "qty"], Some(&below), errors);
-    same_state("edges/Link", &snap.links, &snap.pending_links, &exp.links, &["src", "dst", "w"], Some(&below), errors);
+    same_state(
+        "nodes/Item",
+        &snap.items,
+        &BTreeMap::new(),
+        &exp.items,
+        &["name", "qty"],
+        Some(&below),
+        errors,
+    );
+    same_state(
+        "edges/Link",
+        &snap.links,
+        &snap.pending_links,
+        &exp.links,
+        &["src", "dst", "w"],
+        Some(&below),
+        errors,
+    );
     endpoints(snap, errors);
     let acked: BTreeSet<_> = exp
         .rejects
         .keys()
-        .filter(|(topic, p, o)| committed.get(topic).and_then(|c| c.get(p)).is_some_and(|&c| *o < c))
+        .filter(|(topic, p, o)| {
+            committed
+                .get(topic)
+                .and_then(|c| c.get(p))
+                .is_some_and(|&c| *o < c)
+        })
         .cloned()
         .collect();
     // Fold rejects reach the dead-letter topic when the connector next
     // starts (the offline fold has no producer): only the table is checked.
     let sync: BTreeSet<_> = acked
         .iter()
-        .filter(|c| exp.rejects.get(*c).is_some_and(|code| code != "endpoint_not_found"))
+        .filter(|c| {
+            exp.rejects
+                .get(*c)
+                .is_some_and(|code| code != "endpoint_not_found")
+        })
         .cloned()
         .collect();
     rejects(snap, exp, &acked, None, errors, &mut t);
     let below_commit = |c: &Coords| {
-        committed.get(&c.0).and_then(|p| p.get(&c.1)).is_some_and(|&n| c.2 < n)
+        committed
+            .get(&c.0)
+            .and_then(|p| p.get(&c.1))
+            .is_some_and(|&n| c.2 < n)
     };
-    dead_letters_cover(snap, &sync, dead_letters, Some(&below_commit), errors, &mut t);
+    dead_letters_cover(
+        snap,
+        &sync,
+        dead_letters,
+        Some(&below_commit),
+        errors,
+        &mut t,
+    );
     t.nodes = snap.items.len();
     t.edges = snap.links.len();
     t
@@ -520,7 +597,9 @@ fn same_state(
                     // Nothing of this key is acked: any of its records or none.
                     for row in &held {
                         if !recs.iter().any(|m| row_is(row, m, fields)) {
-                            errors.push(format!("{table} {id}: holds {row}, which no record of the key says"));
+                            errors.push(format!(
+                                "{table} {id}: holds {row}, which no record of the key says"
+                            ));
                         }
                     }
                     continue;
@@ -531,8 +610,11 @@ fn same_state(
         let ok = if held.is_empty() {
             allowed.iter().any(|m| m.value.is_none())
         } else {
-            held.iter()
-                .any(|row| allowed.iter().any(|m| m.value.is_some() && row_is(row, m, fields)))
+            held.iter().any(|row| {
+                allowed
+                    .iter()
+                    .any(|m| m.value.is_some() && row_is(row, m, fields))
+            })
         };
         if !ok {
             let last = &recs[floor];
@@ -546,7 +628,11 @@ fn same_state(
                 last.topic,
                 last.partition,
                 last.offset,
-                if allowed.len() > 1 { " (or a later one)" } else { "" }
+                if allowed.len() > 1 {
+                    " (or a later one)"
+                } else {
+                    ""
+                }
             ));
         }
     }
@@ -562,7 +648,9 @@ fn endpoints(snap: &Snapshot, errors: &mut Vec<String>) {
         for end in ["src", "dst"] {
             let n = e[end].as_str().unwrap_or_default();
             if !snap.items.contains_key(n) {
-                errors.push(format!("edges/Link {id}: {end} {n} is not a node of the same commit"));
+                errors.push(format!(
+                    "edges/Link {id}: {end} {n} is not a node of the same commit"
+                ));
             }
         }
     }
@@ -580,21 +668,41 @@ fn rejects(
 ) {
     let mut seen: BTreeMap<(String, i32, i64), Vec<&Value>> = BTreeMap::new();
     for r in &snap.rejects {
-        let (Some(topic), Some(p), Some(o)) = (r["topic"].as_str(), r["partition"].as_i64(), r["offset"].as_i64()) else {
-            errors.push(format!("_ingest_rejects: a row without its source record: {r}"));
+        let (Some(topic), Some(p), Some(o)) = (
+            r["topic"].as_str(),
+            r["partition"].as_i64(),
+            r["offset"].as_i64(),
+        ) else {
+            errors.push(format!(
+                "_ingest_rejects: a row without its source record: {r}"
+            ));
             continue;
         };
-        seen.entry((topic.to_string(), p as i32, o)).or_default().push(r);
+        seen.entry((topic.to_string(), p as i32, o))
+            .or_default()
+            .push(r);
     }
     for (c, rows) in &seen {
         match exp.rejects.get(c) {
-            None => errors.push(format!("_ingest_rejects: {}/{}@{} was rejected ({}) but is a good record", c.0, c.1, c.2, rows[0]["code"])),
+            None => errors.push(format!(
+                "_ingest_rejects: {}/{}@{} was rejected ({}) but is a good record",
+                c.0, c.1, c.2, rows[0]["code"]
+            )),
             Some(code) => {
                 if rows.len() > 1 {
-                    errors.push(format!("_ingest_rejects: {}/{}@{} rejected {} times", c.0, c.1, c.2, rows.len()));
+                    errors.push(format!(
+                        "_ingest_rejects: {}/{}@{} rejected {} times",
+                        c.0,
+                        c.1,
+                        c.2,
+                        rows.len()
+                    ));
                 }
                 if rows[0]["code"].as_str() != Some(code) {
-                    errors.push(format!("_ingest_rejects: {}/{}@{} has code {} where {code} was expected", c.0, c.1, c.2, rows[0]["code"]));
+                    errors.push(format!(
+                        "_ingest_rejects: {}/{}@{} has code {} where {code} was expected",
+                        c.0, c.1, c.2, rows[0]["code"]
+                    ));
                 }
             }
         }
@@ -602,7 +710,10 @@ fn rejects(
     for c in want {
         let copies = exp.copies.get(c).map_or(&[][..], Vec::as_slice);
         if !seen.contains_key(c) && !copies.iter().any(|d| seen.contains_key(d)) {
-            errors.push(format!("_ingest_rejects: {}/{}@{} ({}) is missing", c.0, c.1, c.2, exp.rejects[c]));
+            errors.push(format!(
+                "_ingest_rejects: {}/{}@{} ({}) is missing",
+                c.0, c.1, c.2, exp.rejects[c]
+            ));
         }
     }
     t.rejects = snap.rejects.len();
@@ -629,7 +740,10 @@ fn dead_letters_cover(
     for m in dead_letters {
         match m.headers.get("graphsink.reject_id") {
             Some(id) => on_topic.entry(id.clone()).or_default().push(m),
-            None => errors.push(format!("dead letter at offset {} has no graphsink.reject_id", m.offset)),
+            None => errors.push(format!(
+                "dead letter at offset {} has no graphsink.reject_id",
+                m.offset
+            )),
         }
     }
     let mut rows = BTreeMap::new();
@@ -641,7 +755,10 @@ fn dead_letters_cover(
             r["offset"].as_i64().unwrap_or(-1),
         );
         if want.contains(&c) && !on_topic.contains_key(&id) {
-            errors.push(format!("dead-letter topic: reject {id} ({}/{}@{}, {}) never delivered", c.0, c.1, c.2, r["code"]));
+            errors.push(format!(
+                "dead-letter topic: reject {id} ({}/{}@{}, {}) never delivered",
+                c.0, c.1, c.2, r["code"]
+            ));
         }
         rows.insert(id, (c, r["code"].as_str().unwrap_or_default().to_string()));
     }
@@ -658,12 +775,21 @@ fn dead_letters_cover(
                     if *c != src || h("__connect.errors.exception.class.name") != *code {
                         errors.push(format!(
                             "dead letter {id} says {}/{}@{} {} but its row says {}/{}@{} {code}",
-                            src.0, src.1, src.2, h("__connect.errors.exception.class.name"), c.0, c.1, c.2
+                            src.0,
+                            src.1,
+                            src.2,
+                            h("__connect.errors.exception.class.name"),
+                            c.0,
+                            c.1,
+                            c.2
                         ));
                     }
                 }
                 None if acked.is_none_or(|a| a(&src)) => {
-                    errors.push(format!("dead-letter topic: reject {id} ({}/{}@{}) is not in _ingest_rejects", src.0, src.1, src.2));
+                    errors.push(format!(
+                        "dead-letter topic: reject {id} ({}/{}@{}) is not in _ingest_rejects",
+                        src.0, src.1, src.2
+                    ));
                 }
                 None => {}
             }

@@ -42,16 +42,30 @@ impl Broker {
             env: vec![
                 ("AWS_ENDPOINT".into(), s3.endpoint.clone()),
                 ("AWS_ALLOW_HTTP".into(), "true".into()),
-                ("AWS_ACCESS_KEY_ID".into(), graphsink_testkit::s3::ACCESS_KEY.into()),
-                ("AWS_SECRET_ACCESS_KEY".into(), graphsink_testkit::s3::SECRET_KEY.into()),
-                ("AWS_DEFAULT_REGION".into(), graphsink_testkit::s3::REGION.into()),
+                (
+                    "AWS_ACCESS_KEY_ID".into(),
+                    graphsink_testkit::s3::ACCESS_KEY.into(),
+                ),
+                (
+                    "AWS_SECRET_ACCESS_KEY".into(),
+                    graphsink_testkit::s3::SECRET_KEY.into(),
+                ),
+                (
+                    "AWS_DEFAULT_REGION".into(),
+                    graphsink_testkit::s3::REGION.into(),
+                ),
                 ("AWS_REGION".into(), graphsink_testkit::s3::REGION.into()),
             ],
         };
         Broker::start(bin, log, opts, Some(s3))
     }
 
-    fn start(bin: &Path, log: PathBuf, mut opts: TansuOptions, s3: Option<S3Server>) -> Res<Broker> {
+    fn start(
+        bin: &Path,
+        log: PathBuf,
+        mut opts: TansuOptions,
+        s3: Option<S3Server>,
+    ) -> Res<Broker> {
         let tansu = Tansu::start_with(Some(bin.to_path_buf()), Some(&log), &opts)?;
         opts.port = Some(tansu.port());
         Ok(Broker {
@@ -89,7 +103,11 @@ impl Broker {
     pub fn restart(&mut self, down_for: Duration) -> Res<()> {
         drop(self.tansu.take()); // kill -9 and reap
         std::thread::sleep(down_for);
-        self.tansu = Some(Tansu::start_with(Some(self.bin.clone()), Some(&self.log), &self.opts)?);
+        self.tansu = Some(Tansu::start_with(
+            Some(self.bin.clone()),
+            Some(&self.log),
+            &self.opts,
+        )?);
         Ok(())
     }
 

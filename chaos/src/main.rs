@@ -70,7 +70,10 @@ const FAILPOINTS: &[&str] = &[
 const SESSION: Duration = Duration::from_secs(6);
 
 #[derive(Parser, Debug, Clone)]
-#[command(name = "graphsink-chaos", about = "kill -9, broker outages and a full disk against graphsink, checked independently")]
+#[command(
+    name = "graphsink-chaos",
+    about = "kill -9, broker outages and a full disk against graphsink, checked independently"
+)]
 struct Args {
     /// The graphsink binary (default: `graphsink` next to this binary).
     #[arg(long)]
@@ -104,7 +107,11 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     bad_percent: u32,
     /// Phases to run (default: all).
-    #[arg(long, value_delimiter = ',', default_value = "kills,freeze,dead-letters,restarts,disk")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kills,freeze,dead-letters,restarts,disk"
+    )]
     phases: Vec<String>,
     /// Where graphs and logs go (default: a temporary directory, removed
     /// unless a check fails).
@@ -168,14 +175,20 @@ async fn chaos(args: Args) -> Res<bool> {
             .with_file_name("graphsink"),
     };
     if !graphsink.exists() {
-        return Err(format!("{} not found (build it: cargo build -p graphsink, or pass --graphsink)", graphsink.display()));
+        return Err(format!(
+            "{} not found (build it: cargo build -p graphsink, or pass --graphsink)",
+            graphsink.display()
+        ));
     }
     let tansu = args
         .tansu
         .clone()
         .unwrap_or_else(graphsink_testkit::tansu::default_bin);
     if !tansu.exists() {
-        return Err(format!("tansu not found at {} (run `source scripts/lib.sh && ensure_tansu`, or pass --tansu)", tansu.display()));
+        return Err(format!(
+            "tansu not found at {} (run `source scripts/lib.sh && ensure_tansu`, or pass --tansu)",
+            tansu.display()
+        ));
     }
     let mut tmp = None;
     let work = match &args.work {
@@ -231,7 +244,8 @@ async fn chaos(args: Args) -> Res<bool> {
     );
     if let Some(p) = &args.report {
         let json = serde_json::json!({"seed": args.seed, "seconds": t0.elapsed().as_secs_f64(), "phases": reports});
-        std::fs::write(p, serde_json::to_string_pretty(&json).unwrap()).map_err(|e| e.to_string())?;
+        std::fs::write(p, serde_json::to_string_pretty(&json).unwrap())
+            .map_err(|e| e.to_string())?;
     }
     if !ok {
         // Keep the evidence.
@@ -301,7 +315,14 @@ struct Stage {
 }
 
 impl Stage {
-    async fn new(env: &Env, name: &str, seed: u64, main: &Broker, dlq: &Broker, root: Option<PathBuf>) -> Res<Stage> {
+    async fn new(
+        env: &Env,
+        name: &str,
+        seed: u64,
+        main: &Broker,
+        dlq: &Broker,
+        root: Option<PathBuf>,
+    ) -> Res<Stage> {
         let dir = env.work.join(name);
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let root = root.unwrap_or_else(|| dir.join("graph"));
@@ -313,7 +334,8 @@ impl Stage {
         let group = format!("chaos-{name}-{seed}");
         std::fs::write(dir.join("chaos.pg"), workload::SCHEMA).map_err(|e| e.to_string())?;
         let config = dir.join("graphsink.toml");
-        std::fs::write(&config, config_text(&root, &group, &topics, main, dlq)).map_err(|e| e.to_string())?;
+        std::fs::write(&config, config_text(&root, &group, &topics, main, dlq))
+            .map_err(|e| e.to_string())?;
         let mut tails = Vec::new();
         for (t, p) in topics.mapped() {
             tails.push(Tail::new(&main.bootstrap, t, p)?);
@@ -344,7 +366,10 @@ impl Stage {
 
     /// Reads the topics back, at least to `at_least` (topic → partition →
     /// offset), and the dead-letter topic.
-    fn catch_up(&mut self, at_least: &BTreeMap<String, BTreeMap<i32, i64>>) -> Res<Vec<check::Msg>> {
+    fn catch_up(
+        &mut self,
+        at_least: &BTreeMap<String, BTreeMap<i32, i64>>,
+    ) -> Res<Vec<check::Msg>> {
         let mut all = Vec::new();
         let none = BTreeMap::new();
         for (t, (name, _)) in self.tails.iter_mut().zip(self.topics.mapped()) {
@@ -357,13 +382,22 @@ impl Stage {
 
     /// Folds everything durable with `graphsink fold` and checks that what
     /// the group committed is in the graph.
-    async fn audit(&mut self, env: &Env, main: &Broker, r: &mut PhaseReport, label: &str) -> Res<()> {
+    async fn audit(
+        &mut self,
+        env: &Env,
+        main: &Broker,
+        r: &mut PhaseReport,
+        label: &str,
+    ) -> Res<()> {
         if !Path::new(&self.root).join("__manifest").exists() {
             return Ok(()); // killed before the graph was created: nothing acked
         }
         let mut committed = BTreeMap::new();
         for (t, p) in self.topics.mapped() {
-            committed.insert(t.to_string(), check::committed(&main.bootstrap, &self.group, t, p)?);
+            committed.insert(
+                t.to_string(),
+                check::committed(&main.bootstrap, &self.group, t, p)?,
+            );
         }
         let cfg = self.config.display().to_string();
         let mut fold = Process::spawn(&env.graphsink, &["fold", "--config", &cfg], &[], &self.log)?;
@@ -373,7 +407,10 @@ impl Stage {
                 if other.is_none() {
                     fold.kill().await;
                 }
-                r.errors.push(format!("{label}: graphsink fold failed ({other:?}): {}", fold.tail(20)));
+                r.errors.push(format!(
+                    "{label}: graphsink fold failed ({other:?}): {}",
+                    fold.tail(20)
+                ));
                 return Ok(());
             }
         }
@@ -381,15 +418,26 @@ impl Stage {
         let mut need = snap.offsets_seen();
         for (topic, parts) in &committed {
             for (p, c) in parts {
-                let e = need.entry(topic.clone()).or_default().entry(*p).or_insert(0);
+                let e = need
+                    .entry(topic.clone())
+                    .or_default()
+                    .entry(*p)
+                    .or_insert(0);
                 *e = (*e).max(*c);
             }
         }
         let msgs = self.catch_up(&need)?;
         let exp = check::expected(&msgs, &self.topics);
         let mut errors = Vec::new();
-        let t = check::check_committed(&snap, &exp, &committed, &self.dead_letters.msgs, &mut errors);
-        r.errors.extend(errors.into_iter().map(|e| format!("{label}: {e}")));
+        let t = check::check_committed(
+            &snap,
+            &exp,
+            &committed,
+            &self.dead_letters.msgs,
+            &mut errors,
+        );
+        r.errors
+            .extend(errors.into_iter().map(|e| format!("{label}: {e}")));
         r.audits += 1;
         r.last_audit = Some(t);
         Ok(())
@@ -406,12 +454,19 @@ impl Stage {
         r.produced = produced + n;
         r.produce_failures = failed + f;
         if f > 0 {
-            return Err(format!("{f} closing records failed to produce: the check would blame graphsink"));
+            return Err(format!(
+                "{f} closing records failed to produce: the check would blame graphsink"
+            ));
         }
         let cfg = self.config.display().to_string();
         let mut done = false;
         for attempt in 1..=6 {
-            let mut p = Process::spawn(&env.graphsink, &["run", "--config", &cfg, "--exit-at-end"], &[], &self.log)?;
+            let mut p = Process::spawn(
+                &env.graphsink,
+                &["run", "--config", &cfg, "--exit-at-end"],
+                &[],
+                &self.log,
+            )?;
             match p.wait_for(Duration::from_secs(300)).await {
                 Some(Exit { code: Some(0), .. }) => {
                     done = true;
@@ -419,18 +474,23 @@ impl Stage {
                 }
                 Some(e) => {
                     let tail = p.tail(1);
-                    r.own_exits.push(format!("final run, attempt {attempt}: {e:?}: {tail}"));
+                    r.own_exits
+                        .push(format!("final run, attempt {attempt}: {e:?}: {tail}"));
                     unwedge(main, &tail, r)?;
                 }
                 None => {
                     let e = p.kill().await;
-                    r.own_exits.push(format!("final run, attempt {attempt}: no end in 300 s ({e:?}): {}", p.tail(5)));
+                    r.own_exits.push(format!(
+                        "final run, attempt {attempt}: no end in 300 s ({e:?}): {}",
+                        p.tail(5)
+                    ));
                 }
             }
             tokio::time::sleep(SESSION + Duration::from_secs(1)).await;
         }
         if !done {
-            r.errors.push("graphsink run --exit-at-end never finished".into());
+            r.errors
+                .push("graphsink run --exit-at-end never finished".into());
         }
         let snap = check::snapshot(&self.root).await?;
         let mut need = snap.offsets_seen();
@@ -438,7 +498,11 @@ impl Stage {
         for (topic, p) in self.topics.mapped() {
             let c = check::committed(&main.bootstrap, &self.group, topic, p)?;
             for (part, n) in &c {
-                let e = need.entry(topic.to_string()).or_default().entry(*part).or_insert(0);
+                let e = need
+                    .entry(topic.to_string())
+                    .or_default()
+                    .entry(*part)
+                    .or_insert(0);
                 *e = (*e).max(*n);
             }
             committed.insert(topic.to_string(), c);
@@ -456,7 +520,8 @@ impl Stage {
                 }
             }
         }
-        r.errors.extend(errors.into_iter().map(|e| format!("final: {e}")));
+        r.errors
+            .extend(errors.into_iter().map(|e| format!("final: {e}")));
         r.final_check = Some(t);
         Ok(())
     }
@@ -605,7 +670,10 @@ impl Drop for Feed {
     }
 }
 
-type Delivered = Result<rdkafka::producer::future_producer::OwnedDeliveryResult, futures::channel::oneshot::Canceled>;
+type Delivered = Result<
+    rdkafka::producer::future_producer::OwnedDeliveryResult,
+    futures::channel::oneshot::Canceled,
+>;
 
 fn tally(r: Delivered, sent: &AtomicU64, failed: &AtomicU64) {
     match r {
@@ -684,7 +752,8 @@ async fn kills(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()> {
                     _ => {
                         *r.failpoints_missed.entry(fp.to_string()).or_default() += 1;
                         if e.code != Some(0) && e.signal != Some(libc::SIGKILL) {
-                            r.own_exits.push(format!("{label} ({fp}): {e:?}: {}", p.tail(1)));
+                            r.own_exits
+                                .push(format!("{label} ({fp}): {e:?}: {}", p.tail(1)));
                         }
                     }
                 }
@@ -694,8 +763,13 @@ async fn kills(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()> {
         let killed_at = Instant::now();
         println!(
             "   {label}: {} -> {}",
-            failpoint.map_or("kill -9 at a random moment".to_string(), |(fp, n)| format!("{fp}@{n}")),
-            exit.fired.as_deref().map_or_else(|| format!("{:?}/{:?}", exit.code, exit.signal), |f| format!("fired {f}"))
+            failpoint.map_or("kill -9 at a random moment".to_string(), |(fp, n)| format!(
+                "{fp}@{n}"
+            )),
+            exit.fired.as_deref().map_or_else(
+                || format!("{:?}/{:?}", exit.code, exit.signal),
+                |f| format!("fired {f}")
+            )
         );
         if rng.random_bool(0.5) {
             if let Err(e) = st.audit(env, &main, r, &label).await {
@@ -729,14 +803,26 @@ async fn outage(env: &Env, seed: u64, kind: Outage, r: &mut PhaseReport) -> Res<
     let mut main = match kind {
         // A freeze can wedge tansu 0.6's group coordinator (RELIABILITY.md):
         // the remedy is a broker restart, which needs the data kept.
-        Outage::Restarts | Outage::Freeze => Broker::persistent(&env.tansu, env.args.moto.clone(), env.work.join(format!("tansu-{name}.log")))?,
+        Outage::Restarts | Outage::Freeze => Broker::persistent(
+            &env.tansu,
+            env.args.moto.clone(),
+            env.work.join(format!("tansu-{name}.log")),
+        )?,
         _ => Broker::memory(&env.tansu, env.work.join(format!("tansu-{name}.log")))?,
     };
-    let dlq = Broker::memory(&env.tansu, env.work.join(format!("tansu-{name}-dead-letters.log")))?;
+    let dlq = Broker::memory(
+        &env.tansu,
+        env.work.join(format!("tansu-{name}-dead-letters.log")),
+    )?;
     let mut st = Stage::new(env, name, seed, &main, &dlq, None).await?;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut p = st.spawn(env, None)?;
-    let supervise = |p: &mut Process, st: &Stage, r: &mut PhaseReport, main: &mut Broker, e: Exit| -> Res<Process> {
+    let supervise = |p: &mut Process,
+                     st: &Stage,
+                     r: &mut PhaseReport,
+                     main: &mut Broker,
+                     e: Exit|
+     -> Res<Process> {
         let tail = p.tail(1);
         r.own_exits.push(format!("{e:?}: {tail}"));
         unwedge(main, &tail, r)?;
@@ -769,7 +855,11 @@ async fn outage(env: &Env, seed: u64, kind: Outage, r: &mut PhaseReport) -> Res<
             }
             Outage::Restarts => {
                 let down = secs(&mut rng, 0.5, 3.0);
-                println!("   restart {} of the broker (down {:.1} s)", i + 1, down.as_secs_f64());
+                println!(
+                    "   restart {} of the broker (down {:.1} s)",
+                    i + 1,
+                    down.as_secs_f64()
+                );
                 main.restart(down)?;
                 r.restarts += 1;
             }
@@ -819,9 +909,13 @@ async fn disk(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()> {
     let result = disk_phase(env, seed, &mnt, r).await;
     let unmounted = std::process::Command::new("umount").arg(&mnt).status();
     if !unmounted.is_ok_and(|s| s.success()) {
-        let lazy = std::process::Command::new("umount").arg("-l").arg(&mnt).status();
+        let lazy = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&mnt)
+            .status();
         if !lazy.is_ok_and(|s| s.success()) {
-            r.errors.push(format!("could not unmount the tmpfs at {}", mnt.display()));
+            r.errors
+                .push(format!("could not unmount the tmpfs at {}", mnt.display()));
         }
     }
     result
@@ -857,7 +951,8 @@ async fn disk_phase(env: &Env, seed: u64, mnt: &Path, r: &mut PhaseReport) -> Re
     let recover = Instant::now() + Duration::from_secs(15);
     while Instant::now() < recover {
         if let Some(e) = p.wait_for(Duration::from_secs(1)).await {
-            r.own_exits.push(format!("after freeing: {e:?}: {}", p.tail(1)));
+            r.own_exits
+                .push(format!("after freeing: {e:?}: {}", p.tail(1)));
             tokio::time::sleep(SESSION).await;
             p = st.spawn(env, None)?;
         }
@@ -889,7 +984,11 @@ fn free_bytes(p: &Path) -> Res<u64> {
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid C string and a zeroed out-struct of the right type.
     if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return Err(format!("statvfs {}: {}", p.display(), std::io::Error::last_os_error()));
+        return Err(format!(
+            "statvfs {}: {}",
+            p.display(),
+            std::io::Error::last_os_error()
+        ));
     }
     Ok(s.f_bavail as u64 * s.f_frsize as u64)
 }
@@ -905,8 +1004,18 @@ mod tests {
     /// The failpoints aimed at are the ones docs/ARCHITECTURE.md names.
     #[test]
     fn failpoints_match_the_architecture_page() {
-        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/ARCHITECTURE.md")).unwrap();
-        let section = doc.split("## Failpoints").nth(1).unwrap().split("\n## ").next().unwrap();
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/ARCHITECTURE.md"
+        ))
+        .unwrap();
+        let section = doc
+            .split("## Failpoints")
+            .nth(1)
+            .unwrap()
+            .split("\n## ")
+            .next()
+            .unwrap();
         let mut named: Vec<&str> = Vec::new();
         for line in section.lines().filter(|l| l.starts_with("| `")) {
             let cell = line.split('|').nth(1).unwrap();

@@ -163,7 +163,9 @@ impl Generator {
     }
 
     fn out_items(&self, key: Option<String>, value: Option<Vec<u8>>, expect: &str) -> Out {
-        let partition = key.as_deref().map_or(0, |k| partition_of(k, ITEM_PARTITIONS));
+        let partition = key
+            .as_deref()
+            .map_or(0, |k| partition_of(k, ITEM_PARTITIONS));
         Out {
             topic: self.topics.items.clone(),
             partition,
@@ -174,7 +176,9 @@ impl Generator {
     }
 
     fn out_links(&self, key: Option<String>, value: Option<Vec<u8>>, expect: &str) -> Out {
-        let partition = key.as_deref().map_or(0, |k| partition_of(k, LINK_PARTITIONS));
+        let partition = key
+            .as_deref()
+            .map_or(0, |k| partition_of(k, LINK_PARTITIONS));
         Out {
             topic: self.topics.links.clone(),
             partition,
@@ -195,21 +199,37 @@ impl Generator {
         };
         let edge = format!("e{}", self.rng.random_range(0..EDGES));
         let obj = |v: serde_json::Value| Some(v.to_string().into_bytes());
-        let (node, value, code): (bool, Option<Vec<u8>>, &str) =
-            match self.rng.random_range(0..12) {
-                0 => (true, Some(br#"{"name": "x", "qty": 1"#.to_vec()), "malformed_json"),
-                1 => (true, obj(json!({"name": "x", "qty": "x"})), "wrong_type"),
-                2 => (true, obj(json!({"name": "x", "qty": 1, "zzz": 1})), "unknown_field"),
-                3 => (true, obj(json!({"name": "x", "qty": -5})), "range"),
-                4 => (true, obj(json!({"qty": 1})), "missing_required"),
-                5 => (true, Some(b"[1, 2]".to_vec()), "not_an_object"),
-                6 => (true, Some(vec![0xff, 0xfe, b'{']), "not_utf8"),
-                7 => (true, obj(json!({"name": "x", "qty": 9_999_999_999u64})), "overflow"),
-                8 => (true, obj(json!({"name": "x", "qty": 3.5})), "wrong_type"),
-                9 => (false, obj(json!({"dst": "s1", "w": 1})), "missing_endpoint"),
-                10 => (false, obj(json!({"src": "s1", "dst": "s2", "w": "x"})), "wrong_type"),
-                _ => (false, Some(b"{".to_vec()), "malformed_json"),
-            };
+        let (node, value, code): (bool, Option<Vec<u8>>, &str) = match self.rng.random_range(0..12)
+        {
+            0 => (
+                true,
+                Some(br#"{"name": "x", "qty": 1"#.to_vec()),
+                "malformed_json",
+            ),
+            1 => (true, obj(json!({"name": "x", "qty": "x"})), "wrong_type"),
+            2 => (
+                true,
+                obj(json!({"name": "x", "qty": 1, "zzz": 1})),
+                "unknown_field",
+            ),
+            3 => (true, obj(json!({"name": "x", "qty": -5})), "range"),
+            4 => (true, obj(json!({"qty": 1})), "missing_required"),
+            5 => (true, Some(b"[1, 2]".to_vec()), "not_an_object"),
+            6 => (true, Some(vec![0xff, 0xfe, b'{']), "not_utf8"),
+            7 => (
+                true,
+                obj(json!({"name": "x", "qty": 9_999_999_999u64})),
+                "overflow",
+            ),
+            8 => (true, obj(json!({"name": "x", "qty": 3.5})), "wrong_type"),
+            9 => (false, obj(json!({"dst": "s1", "w": 1})), "missing_endpoint"),
+            10 => (
+                false,
+                obj(json!({"src": "s1", "dst": "s2", "w": "x"})),
+                "wrong_type",
+            ),
+            _ => (false, Some(b"{".to_vec()), "malformed_json"),
+        };
         let expect = format!("reject:{code}");
         if node {
             self.out_items(Some(id), value, &expect)
@@ -248,9 +268,16 @@ mod tests {
     fn every_kind_is_produced() {
         let mut g = Generator::new(1, Topics::new("p"), 10);
         let recs: Vec<Out> = (0..5000).map(|_| g.next()).collect();
-        for want in ["ok", "fold:endpoint_not_found", "reject:not_utf8", "reject:range"] {
+        for want in [
+            "ok",
+            "fold:endpoint_not_found",
+            "reject:not_utf8",
+            "reject:range",
+        ] {
             assert!(recs.iter().any(|r| r.expect == want), "{want}");
         }
-        assert!(recs.iter().any(|r| r.value.is_none() && r.topic.ends_with("links")));
+        assert!(recs
+            .iter()
+            .any(|r| r.value.is_none() && r.topic.ends_with("links")));
     }
 }

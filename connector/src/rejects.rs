@@ -245,7 +245,13 @@ impl Reject {
     pub fn of_fold(f: FoldRefusal<'_>) -> Reject {
         let code = f.code;
         let id = match &f.source {
-            Some(s) => format!("fold:{}:{}:{}:{}", s.topic, s.partition, s.offset, code.as_str()),
+            Some(s) => format!(
+                "fold:{}:{}:{}:{}",
+                s.topic,
+                s.partition,
+                s.offset,
+                code.as_str()
+            ),
             None => format!("fold:{}:{}:{}", f.commit_id, f.what, code.as_str()),
         };
         let (topic, partition, offset, timestamp) = match f.source {
@@ -453,7 +459,10 @@ mod tests {
                 timestamp: None,
             })
         };
-        assert_eq!(refusal("c1", src()).reject_id, refusal("c2", src()).reject_id);
+        assert_eq!(
+            refusal("c1", src()).reject_id,
+            refusal("c2", src()).reject_id
+        );
         assert_ne!(refusal("c1", None).reject_id, refusal("c2", None).reject_id);
     }
 

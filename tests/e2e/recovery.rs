@@ -490,14 +490,20 @@ async fn a_fold_on_a_moved_head_rebases_only_if_its_checks_agree() {
 async fn a_compaction_reservation_left_by_a_crash_is_not_foreign() {
     use lance::dataset::transaction::{Operation, Transaction};
     crate::init_logs();
-    let tg = TestGraph::new(&["node = \"Person\""], "[fold]\ninterval = \"0s\"\non_shutdown = false");
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        "[fold]\ninterval = \"0s\"\non_shutdown = false",
+    );
     let topic = &tg.topics[0];
     create_topic(topic, 1).await;
     let w = people(20, 10, 1);
     produce(topic, &w.recs).await;
     assert!(tg.cli(&["run", "--exit-at-end"], &[]).status.success());
     // A fold crashes after its table commit, before the publish.
-    let out = tg.cli(&["fold"], &[("GRAPHSINK_FAILPOINTS", "fold.before_publish=abort")]);
+    let out = tg.cli(
+        &["fold"],
+        &[("GRAPHSINK_FAILPOINTS", "fold.before_publish=abort")],
+    );
     assert!(!out.status.success(), "the failpoint fires");
     let g = tg.graph().await;
     let ds = plain_open(&g, "nodes/Person").await;
@@ -511,8 +517,16 @@ async fn a_compaction_reservation_left_by_a_crash_is_not_foreign() {
         .await
         .expect("commit a reservation");
     let out = tg.cli(&["fold"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(g.head().await.unwrap().seq, 1, "the interrupted fold, rolled forward");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        g.head().await.unwrap().seq,
+        1,
+        "the interrupted fold, rolled forward"
+    );
     let want: BTreeMap<_, _> = w
         .expected
         .iter()

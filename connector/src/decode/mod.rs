@@ -1193,7 +1193,11 @@ mod tests {
         assert_eq!(out.upserts.as_ref().unwrap().num_rows(), 90);
         assert!(ids(out.upserts.as_ref().unwrap()).contains(&"x".to_string()));
         // Past the screen, the storm failed the batch: 2 + the suspects.
-        assert!((3..=2 + 11).contains(&d.decodes()), "{} decodes", d.decodes());
+        assert!(
+            (3..=2 + 11).contains(&d.decodes()),
+            "{} decodes",
+            d.decodes()
+        );
     }
 
     /// Duplicate JSON keys are accepted on purpose: the last one wins
