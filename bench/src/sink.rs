@@ -79,6 +79,7 @@ pub async fn backlog(
         fold_now: None,
         published: Some(tx),
         stats: Some(stats.clone()),
+        metrics: None,
     };
     let summary = graphsink::run_with(cfg, opts, CancellationToken::new()).await?;
     let peak_rss_mib = measure::peak_rss_mib();
@@ -134,6 +135,7 @@ pub async fn live(
         fold_now: None,
         published: Some(tx),
         stats: Some(stats.clone()),
+        metrics: None,
     };
     let run = tokio::spawn(graphsink::run_with(cfg, opts, stop.clone()));
 

@@ -8,9 +8,11 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::redact;
 
-/// The whole config file. Unknown keys anywhere are errors.
-#[derive(Debug, Clone, Deserialize)]
+/// The whole config file. Unknown keys anywhere are errors. `Debug` masks
+/// secret values (`redact`).
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub graph: GraphSettings,
@@ -27,12 +29,81 @@ pub struct Config {
     pub errors: ErrorSettings,
     #[serde(default)]
     pub retention: RetentionSettings,
+    #[serde(default)]
+    pub http: HttpSettings,
+    #[serde(default)]
+    pub log: LogSettings,
     /// One entry per topic.
     #[serde(default, rename = "mapping")]
     pub mappings: Vec<Mapping>,
     /// Directory the config file lives in; relative paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("graph", &self.graph)
+            .field("kafka", &redact::props(&self.kafka))
+            .field("wal", &self.wal)
+            .field("fold", &self.fold)
+            .field("offsets", &self.offsets)
+            .field("errors", &self.errors)
+            .field("retention", &self.retention)
+            .field("http", &self.http)
+            .field("log", &self.log)
+            .field("mappings", &self.mappings)
+            .field("base_dir", &self.base_dir)
+            .finish()
+    }
+}
+
+/// The operator's HTTP endpoint (`/metrics`, `/health`, `/ready`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Where to serve, e.g. `"127.0.0.1:9464"`; unset: no endpoint
+    /// (`graphsink run --http ADDR` overrides it).
+    #[serde(default)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// `/ready` fails once a stall is older than this: the dead-letter
+    /// topic retrying, durability not advancing while records wait.
+    #[serde(default = "default_stall_bound", with = "humantime_serde")]
+    pub stall_bound: Duration,
+    /// After the run stops on an error (a fenced writer, exit code 3), the
+    /// endpoint keeps serving (`/ready` false, the last metrics) this long
+    /// before the process exits, so scrapers and probes see why.
+    #[serde(default = "default_linger", with = "humantime_serde")]
+    pub linger: Duration,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            listen: None,
+            stall_bound: default_stall_bound(),
+            linger: default_linger(),
+        }
+    }
+}
+
+/// How the process logs.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// `text` (default) or `json` (one object per event; `--log-format`
+    /// overrides it).
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -91,7 +162,7 @@ impl StorageOptions {
             .iter()
             .map(|(k, v)| {
                 let shown = Self::SHOWN.contains(&k.to_ascii_lowercase().as_str());
-                (k.as_str(), if shown { v.as_str() } else { "<redacted>" })
+                (k.as_str(), if shown { v.as_str() } else { redact::MASK })
             })
             .collect()
     }
@@ -184,7 +255,8 @@ pub struct RetentionSettings {
 }
 
 /// What happens to records that cannot be ingested (Kafka Connect's terms).
-#[derive(Debug, Clone, Deserialize)]
+/// `Debug` masks secret producer properties.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorSettings {
     /// `all`: route rejects to `_ingest_rejects` and the dead-letter topic
@@ -212,6 +284,20 @@ pub struct ErrorSettings {
     /// connection properties copied from `[kafka]`.
     #[serde(default)]
     pub producer: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for ErrorSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ErrorSettings")
+            .field("tolerance", &self.tolerance)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("max_record_bytes", &self.max_record_bytes)
+            .field("max_pending_edges", &self.max_pending_edges)
+            .field("max_rejects_per_minute", &self.max_rejects_per_minute)
+            .field("breaker_pause", &self.breaker_pause)
+            .field("producer", &redact::props(&self.producer))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -424,6 +510,15 @@ impl RetentionSettings {
 }
 
 impl Config {
+    /// `[log] format` of a config file, read before anything else (logging
+    /// starts before the config is loaded); `None` when it cannot be read.
+    pub fn log_format_of(path: &Path) -> Option<LogFormat> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let value: toml::Value = toml::from_str(&text).ok()?;
+        let format = value.get("log")?.get("format")?.clone();
+        format.try_into().ok()
+    }
+
     /// Reads, expands `${VAR}` in string values, parses and validates.
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
@@ -445,8 +540,24 @@ impl Config {
             Error::config(one_line(&located.unwrap_or_else(|| e.to_string())))
         })?;
         config.base_dir = base_dir.to_path_buf();
+        config.register_secrets();
         config.validate()?;
         Ok(config)
+    }
+
+    /// Values of secret keys are masked in logs and errors from now on.
+    fn register_secrets(&self) {
+        for (k, v) in self.kafka.iter().chain(&self.errors.producer) {
+            if redact::is_secret_key(k) {
+                redact::register(v);
+            }
+        }
+        let shown = self.graph.storage_options.redacted();
+        for (k, v) in &self.graph.storage_options.0 {
+            if shown.get(k.as_str()) == Some(&redact::MASK) {
+                redact::register(v);
+            }
+        }
     }
 
     fn validate(&self) -> Result<()> {
@@ -690,6 +801,9 @@ fn expand_str(s: &str, field: &str) -> Result<String> {
         let val = std::env::var(name).map_err(|_| {
             Error::config(format!("{field}: environment variable {name} is not set"))
         })?;
+        if redact::is_secret_var(name) {
+            redact::register(&val);
+        }
         out.push_str(&val);
         rest = &after[end + 1..];
     }
@@ -701,6 +815,12 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+fn default_stall_bound() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_linger() -> Duration {
+    Duration::from_secs(15)
+}
 fn default_storage_backoff() -> Duration {
     Duration::from_secs(10)
 }

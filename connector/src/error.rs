@@ -58,7 +58,7 @@ pub enum Error {
     #[error("graph commit conflict: head moved from {expected} to {found}")]
     CommitConflict { expected: String, found: String },
     #[error("kafka: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
+    Kafka(rdkafka::error::KafkaError),
     #[error("lance ({context}): {}", without_locations(&source.to_string()))]
     Lance {
         context: String,
@@ -107,9 +107,28 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// librdkafka's config errors carry the property's value (a typo'd
+/// `sasl.pasword` would print the password): the value is masked.
+impl From<rdkafka::error::KafkaError> for Error {
+    fn from(e: rdkafka::error::KafkaError) -> Self {
+        use rdkafka::error::KafkaError;
+        match e {
+            KafkaError::ClientConfig(res, desc, key, _) => Error::Kafka(KafkaError::ClientConfig(
+                res,
+                crate::redact::text(&desc).into_owned(),
+                key,
+                crate::redact::MASK.to_string(),
+            )),
+            e => Error::Kafka(e),
+        }
+    }
+}
+
 impl Error {
+    /// Config errors may quote a value: registered secrets are masked.
     pub fn config(msg: impl Into<String>) -> Self {
-        Error::Config(msg.into())
+        let msg = msg.into();
+        Error::Config(crate::redact::text(&msg).into_owned())
     }
 
     pub fn kind(&self) -> ErrorKind {

@@ -16,13 +16,16 @@ mod error;
 mod failpoints;
 mod fold;
 mod graph;
+mod http;
 mod kafka;
 mod known_ids;
 #[cfg(test)]
 mod layers;
+mod metrics;
 mod offsets;
 mod pipeline;
 mod query;
+mod redact;
 mod rejects;
 mod retention;
 mod schema;
@@ -36,14 +39,21 @@ mod validate;
 pub use cli::main as cli_main;
 pub use config::{
     Coerce, Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings,
-    KeyOrigin, KeySource, Mapping, OffsetSettings, RetentionSettings, StorageOptions, Tolerance,
-    UnknownFields, WalSettings,
+    HttpSettings, KeyOrigin, KeySource, LogFormat, LogSettings, Mapping, OffsetSettings,
+    RetentionSettings, StorageOptions, Tolerance, UnknownFields, WalSettings,
 };
 pub use error::{Error, ErrorKind, Result};
 /// Reading a graph: its commits, and each table at the version a commit pins.
 pub use graph::{row_counts, FoldedShard, Graph, GraphCommit, TableStats};
+/// The operator's endpoint: `/metrics`, `/health`, `/ready`.
+pub use http::serve as serve_http;
 pub use kafka::client::CONSUMER_DEFAULTS;
 pub use kafka::queries::MissingTopic;
+/// Metrics and probe state of one connector (docs/metrics.md).
+pub use metrics::{
+    Format as MetricsFormat, Health, Metrics, Readiness, CONTENT_TYPE as METRICS_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE as METRICS_TEXT_CONTENT_TYPE,
+};
 pub use pipeline::{run, run_with, RunOptions, RunStats, RunSummary};
 /// What the CLI's commands do, as library calls.
 pub use query::produce::produce_file;

@@ -3,7 +3,7 @@
 //! watermarks → commit. It also serves the fold loop's freeze cuts, between
 //! polls, so a cut never splits a poll.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,13 +18,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Tolerance};
 use crate::decode::{RecordDecoder, SourceRecord};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::failpoints;
 use crate::fold::{self, CutRequest, FoldLoop, FreezeCut, Policies};
 use crate::graph::{Graph, GraphCommit};
 use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent};
 use crate::kafka::stall::{self, StallWatch, Verdict};
 use crate::kafka::{DeadLetters, OffsetQueries};
+use crate::metrics::Metrics;
 use crate::offsets::{DurableWatermarks, PollAck, PollSpans, TopicPartition, WrittenSpans};
 use crate::rejects;
 use crate::retention;
@@ -43,6 +44,9 @@ pub struct RunOptions {
     pub published: Option<watch::Sender<Option<GraphCommit>>>,
     /// Live counters, shared with the caller.
     pub stats: Option<Arc<RunStats>>,
+    /// Metrics and probe state, shared with whoever serves them (`http`);
+    /// given, librdkafka's statistics are collected too.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 /// Counters a running connector keeps up to date.
@@ -79,6 +83,23 @@ pub struct RunSummary {
     pub committed: BTreeMap<TopicPartition, i64>,
 }
 
+/// Partitions as `topic/partition` lines joined by commas, for log fields.
+fn names(tps: &[TopicPartition]) -> String {
+    tps.iter()
+        .map(|(t, p)| format!("{t}/{p}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Memtable rows and bytes and flush counts of every writer. A free
+/// function: the run loop itself is not `Sync`, so `&RunLoop` cannot be
+/// held across an await.
+async fn sample_writers(pool: &ShardPool, metrics: &Metrics) {
+    for m in pool.memtables().await {
+        metrics.memtable(&m.table, m.bucket, m.rows, m.bytes, m.flushes);
+    }
+}
+
 /// Sleeps until `t`, or forever when there is none.
 async fn sleep_until(t: Option<tokio::time::Instant>) {
     match t {
@@ -100,9 +121,23 @@ pub async fn run_with(
 ) -> Result<RunSummary> {
     let mut total = RunSummary::default();
     let mut backoff = StorageBackoff::new(config.graph.storage_retry_max_backoff);
+    let kafka_stats = options.metrics.is_some();
+    let metrics = options
+        .metrics
+        .clone()
+        .unwrap_or_else(|| Arc::new(Metrics::new(config.http.stall_bound)));
     loop {
         let started = tokio::time::Instant::now();
-        let result = session(&config, &options, &shutdown, &mut total).await;
+        let result = session(
+            &config,
+            &options,
+            &metrics,
+            kafka_stats,
+            &shutdown,
+            &mut total,
+        )
+        .await;
+        metrics.run_loop_stopped();
         match result {
             Ok(()) => return Ok(total),
             Err(e) if e.is_passing_storage_failure() && !shutdown.is_cancelled() => {
@@ -110,6 +145,7 @@ pub async fn run_with(
                 if let Some(stats) = &options.stats {
                     stats.restarts.fetch_add(1, Ordering::Relaxed);
                 }
+                metrics.session_restarted();
                 tracing::warn!(
                     error = %e,
                     retry_in = ?delay,
@@ -121,7 +157,13 @@ pub async fn run_with(
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                if e.kind() == ErrorKind::Fenced {
+                    metrics.fenced();
+                    tracing::error!(event = "fenced", error = %e, "fenced: another writer claimed a shard; this run stops acking");
+                }
+                return Err(e);
+            }
         }
     }
 }
@@ -161,17 +203,23 @@ impl StorageBackoff {
 async fn session(
     config: &Config,
     options: &RunOptions,
+    metrics: &Arc<Metrics>,
+    kafka_stats: bool,
     shutdown: &CancellationToken,
     total: &mut RunSummary,
 ) -> Result<()> {
+    metrics.session_started();
     let schema = GraphSchema::load(&config.schema_path())?;
     let graph = Graph::open_or_init(config, schema).await?;
     let policies = Policies::from_config(config);
     fold::recover(&graph, &policies).await?;
+    let head = graph.head().await?;
+    metrics.head(head.seq, head.created_at);
     let decoders = decoders(config, &graph)?;
-    let dead_letters = DeadLetters::connect(config).await?;
+    let dead_letters = DeadLetters::connect(config, metrics.clone()).await?;
     let delivered = redeliver(&graph, &dead_letters, shutdown).await?;
     let pool = ShardPool::open(&graph, &config.wal, &graph.wal_tables()).await?;
+    metrics.writers_reopened();
     let retention = retention::Scheduled::new(&config.retention, pool.live_shards());
     // End offsets (exit_at_end) and the group's progress (the stall watch).
     let queries = OffsetQueries::connect(config)?;
@@ -181,7 +229,8 @@ async fn session(
 
     // From here on, every exit closes the consumer through `consumer::close`.
     let committable: Committable = Default::default();
-    let (kafka, events) = consumer::subscribe(config, committable.clone())?;
+    let (kafka, events) =
+        consumer::subscribe(config, committable.clone(), metrics.clone(), kafka_stats)?;
     let wake = options.fold_now.clone().unwrap_or_default();
     let (cut_tx, cuts) = mpsc::channel(1);
     let fold_loop = FoldLoop {
@@ -201,6 +250,8 @@ async fn session(
         delivered,
         stop_delivery: shutdown.child_token(),
         retention,
+        report: fold::Report::new(metrics.clone()),
+        oldest_taken: None,
     };
     let mut fold = FoldTask::spawn(fold_loop, cuts);
     let mut run = RunLoop {
@@ -226,6 +277,9 @@ async fn session(
         breaker: Breaker::default(),
         last_poll: tokio::time::Instant::now(),
         stall: StallWatch::new(stall_bound, tokio::time::Instant::now()),
+        metrics: metrics.clone(),
+        taken: VecDeque::new(),
+        oldest_taken: None,
     };
     if let Err(e) = run.serve(&kafka, shutdown, &mut fold).await {
         total.records += run.summary.records;
@@ -382,6 +436,11 @@ struct RunLoop<'a> {
     last_poll: tokio::time::Instant,
     /// Notices holding no partition while nobody consumes the topics.
     stall: StallWatch,
+    metrics: Arc<Metrics>,
+    /// When each in-flight poll was taken, in poll order (durable-ack latency).
+    taken: VecDeque<std::time::Instant>,
+    /// When the oldest record since the last cut was taken (graph-visible latency).
+    oldest_taken: Option<std::time::Instant>,
 }
 
 /// The reject-rate breaker: rejects counted per minute; past the limit,
@@ -430,6 +489,7 @@ impl RunLoop<'_> {
         loop {
             // Priority: shutdown, then control (fold loop, rebalance, acks),
             // then data, then timers.
+            self.metrics.run_loop_tick();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
@@ -440,8 +500,9 @@ impl RunLoop<'_> {
                     self.on_ack(ack?);
                 }
                 _ = sleep_until(self.breaker.paused_until), if self.breaker.paused_until.is_some() => {
-                    tracing::warn!("reject-rate breaker: resuming fetches");
+                    tracing::warn!(event = "breaker_closed", "reject-rate breaker: resuming fetches");
                     self.breaker.paused_until = None;
+                    self.metrics.breaker(false);
                 }
                 msg = kafka.recv(), if self.in_flight.len() < max_in_flight && self.breaker.paused_until.is_none() => {
                     match msg {
@@ -449,6 +510,7 @@ impl RunLoop<'_> {
                             self.last_poll = tokio::time::Instant::now();
                             let ack = self.process_poll(kafka, first).await?;
                             self.in_flight.push_back(ack);
+                            self.metrics.polls_in_flight(self.in_flight.len());
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "consumer error; librdkafka retries");
@@ -456,7 +518,10 @@ impl RunLoop<'_> {
                         }
                     }
                 }
-                _ = commit_tick.tick() => self.commit(kafka, CommitMode::Async)?,
+                _ = commit_tick.tick() => {
+                    self.commit(kafka, CommitMode::Async)?;
+                    sample_writers(&self.pool, &self.metrics).await;
+                }
                 _ = stall_check.tick(), if self.assigned.is_empty() => self.watch_stall(kafka).await?,
                 _ = end_check.tick(), if self.options.exit_at_end => {
                     if self.at_end().await? {
@@ -479,6 +544,10 @@ impl RunLoop<'_> {
         let msgs = take_poll(kafka, first, self.config.wal.max_poll_records);
         let mut by_topic: BTreeMap<&str, Vec<SourceRecord>> = BTreeMap::new();
         let mut seen = PollSpans::default();
+        // Per partition: records, key + value bytes, newest offset.
+        let mut took: BTreeMap<(&str, i32), (u64, u64, i64)> = BTreeMap::new();
+        self.taken.push_back(started);
+        self.oldest_taken.get_or_insert(started);
         for m in &msgs {
             let r = SourceRecord {
                 topic: m.topic(),
@@ -491,7 +560,15 @@ impl RunLoop<'_> {
             };
             seen.record(r.topic, r.partition, r.offset);
             self.pending_bytes += r.value.map_or(0, |v| v.len() as u64);
+            let t = took.entry((r.topic, r.partition)).or_default();
+            t.0 += 1;
+            t.1 += (r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len)) as u64;
+            t.2 = t.2.max(r.offset);
             by_topic.entry(r.topic).or_default().push(r);
+        }
+        for ((topic, partition), (n, bytes, newest)) in took {
+            let tp = (topic.to_string(), partition);
+            self.metrics.polled(&tp, n, bytes, newest + 1);
         }
         // Decode every topic before writing anything, so a poll that must
         // stop (errors.tolerance = "none") writes nothing.
@@ -556,6 +633,7 @@ impl RunLoop<'_> {
             .fetch_add(rejects.len() as u64, Ordering::Relaxed);
         for r in rejects {
             tracing::debug!(reject_id = %r.reject_id, code = r.code.as_str(), message = %r.message, "rejected");
+            self.metrics.rejected(r.stage.as_str(), r.code.as_str());
         }
         self.pool.tables[REJECTS_TABLE]
             .put(rejects::to_batch(rejects))
@@ -604,17 +682,24 @@ impl RunLoop<'_> {
         if b.count > limit && b.paused_until.is_none() {
             let pause = self.config.errors.breaker_pause;
             tracing::error!(
+                event = "breaker_tripped",
                 rejects = b.count,
                 limit,
                 pause = ?pause,
                 "reject-rate breaker tripped: more than errors.max_rejects_per_minute; pausing fetches"
             );
             b.paused_until = Some(now + pause);
+            self.metrics.breaker(true);
             b.window_start = None;
         }
     }
 
     fn on_ack(&mut self, mut ack: PollAck) {
+        // Acks resolve in poll order, so the front is this poll's.
+        if let Some(taken) = self.taken.pop_front() {
+            self.metrics.acked(taken.elapsed());
+        }
+        self.metrics.polls_in_flight(self.in_flight.len());
         // Acks of partitions revoked meanwhile belong to the next owner.
         self.stats
             .durable
@@ -625,6 +710,7 @@ impl RunLoop<'_> {
         for tp in ack.high.keys() {
             if let Some(n) = self.marks.next(tp) {
                 shared.insert(tp.clone(), n);
+                self.metrics.durable(tp, n);
             }
         }
     }
@@ -632,14 +718,16 @@ impl RunLoop<'_> {
     fn on_group_event(&mut self, ev: GroupEvent) {
         match ev {
             GroupEvent::Assigned(tps) => {
-                tracing::info!(partitions = tps.len(), "assigned");
+                tracing::info!(event = "assigned", count = tps.len(), partitions = %names(&tps), "assigned");
+                self.metrics.assigned(&tps);
                 self.assigned.extend(tps);
                 self.end_targets = None;
                 self.stall
                     .holds(!self.assigned.is_empty(), tokio::time::Instant::now());
             }
             GroupEvent::Revoked(tps) => {
-                tracing::info!(partitions = tps.len(), "revoked");
+                tracing::info!(event = "revoked", count = tps.len(), partitions = %names(&tps), "revoked");
+                self.metrics.revoked(&tps);
                 let mut shared = self.committable.lock().expect("committable");
                 for tp in tps {
                     self.assigned.remove(&tp);
@@ -658,6 +746,7 @@ impl RunLoop<'_> {
         let result = self.pool.freeze_all().await.map(|frozen| FreezeCut {
             frozen,
             spans: self.spans.take(),
+            oldest_taken: self.oldest_taken.take(),
         });
         self.pending_rows = 0;
         self.pending_bytes = 0;
@@ -678,6 +767,9 @@ impl RunLoop<'_> {
         match consumer::commit(kafka, &todo, mode) {
             Ok(()) => {
                 self.marks.mark_committed(&todo);
+                for (tp, n) in &todo {
+                    self.metrics.committed(tp, *n);
+                }
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
                 failpoints::hit(failpoints::COMMIT_AFTER)
             }

@@ -120,6 +120,18 @@ pub struct ShardPool {
     pub tables: BTreeMap<String, TableShards>,
 }
 
+/// One writer's memory and flush count (for metrics).
+pub struct MemtableSample {
+    pub table: String,
+    pub bucket: u32,
+    /// Rows of the active memtable.
+    pub rows: u64,
+    /// Resident bytes of the active and frozen memtables.
+    pub bytes: u64,
+    /// Memtable flushes to generations since the writer opened.
+    pub flushes: u64,
+}
+
 /// What a freeze left to fold in one shard: generations up to `upto`.
 pub struct FrozenShard {
     pub table: String,
@@ -222,6 +234,28 @@ impl ShardPool {
             }
         }
         Ok(out)
+    }
+
+    /// What every writer holds in memory and how often it flushed, in
+    /// table then bucket order. A writer that cannot answer is skipped.
+    pub async fn memtables(&self) -> Vec<MemtableSample> {
+        let mut out = Vec::new();
+        for t in self.tables.values() {
+            for s in &t.shards {
+                let Ok(stats) = s.writer.memtable_stats().await else {
+                    continue;
+                };
+                let memory = s.writer.memory();
+                out.push(MemtableSample {
+                    table: s.table.clone(),
+                    bucket: s.bucket,
+                    rows: stats.row_count as u64,
+                    bytes: (memory.active_bytes() + memory.frozen_bytes()) as u64,
+                    flushes: s.writer.stats().memtable_flush_count,
+                });
+            }
+        }
+        out
     }
 
     /// Flushes and closes every writer (drain on shutdown).

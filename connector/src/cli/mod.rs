@@ -7,14 +7,16 @@ mod args;
 mod print;
 mod run;
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Config, LogFormat};
 use crate::error::Result;
 use crate::query;
+use crate::redact;
 use args::RejectFilterArgs;
 
 #[derive(Parser)]
@@ -24,6 +26,10 @@ use args::RejectFilterArgs;
     about = "Kafka sink connector for typed graphs on Lance"
 )]
 struct Cli {
+    /// Log lines as text (default) or one JSON object per event; overrides
+    /// the config's `[log] format`.
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,6 +49,9 @@ enum Command {
         /// the end offsets seen at start.
         #[arg(long)]
         exit_at_end: bool,
+        /// Serve /metrics, /health and /ready here (overrides `[http] listen`).
+        #[arg(long, value_name = "ADDR")]
+        http: Option<SocketAddr>,
     },
     /// Fold everything durable into a graph commit and exit. Claims every
     /// shard: a running connector on the same graph is fenced and stops.
@@ -131,7 +140,11 @@ enum Command {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    let format = cli
+        .log_format
+        .or_else(|| Config::log_format_of(cli.command.config()))
+        .unwrap_or_default();
+    init_tracing(format);
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -142,7 +155,11 @@ pub fn main() -> ExitCode {
     match rt.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("graphsink: error: {}", print::one_line(&e.to_string()));
+            let text = e.to_string();
+            eprintln!(
+                "graphsink: error: {}",
+                print::one_line(&redact::text(&text))
+            );
             ExitCode::from(match e.kind() {
                 crate::ErrorKind::BadConfig => 2,
                 crate::ErrorKind::Fenced => 3,
@@ -158,13 +175,41 @@ pub fn main() -> ExitCode {
 /// surface as errors of the operation.
 const DEFAULT_LOG_FILTER: &str = "info,lance=warn,lance::index=off,datafusion=warn";
 
-fn init_tracing() {
+/// Logs go to stderr through `redact`, as text or as one JSON object per
+/// event with stable top-level fields: `timestamp`, `level`, `target`,
+/// `message`, and the event's own fields (`event`, `partitions`, `seq`, ...).
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(redact::stderr);
+    let _ = match format {
+        LogFormat::Text => fmt.try_init(),
+        LogFormat::Json => fmt
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .try_init(),
+    };
+}
+
+impl Command {
+    fn config(&self) -> &Path {
+        match self {
+            Command::Check { config }
+            | Command::Run { config, .. }
+            | Command::Fold { config }
+            | Command::Log { config, .. }
+            | Command::Show { config, .. }
+            | Command::Status { config, .. }
+            | Command::Rejects { config, .. }
+            | Command::ReplayRejects { config, .. }
+            | Command::Gc { config, .. }
+            | Command::Produce { config, .. } => config,
+        }
+    }
 }
 
 async fn dispatch(cmd: Command) -> Result<()> {
@@ -176,7 +221,8 @@ async fn dispatch(cmd: Command) -> Result<()> {
         Command::Run {
             config,
             exit_at_end,
-        } => run::run(&config, exit_at_end).await,
+            http,
+        } => run::run(&config, exit_at_end, http).await,
         Command::Fold { config } => {
             print::folded(query::fold_offline(&Config::load(&config)?).await?.as_ref());
             Ok(())

@@ -1,6 +1,7 @@
 //! `run`: the connector in the foreground, with signal handling (SIGINT and
 //! SIGTERM drain and stop, SIGUSR1 folds now). The run loop is `pipeline`.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -8,22 +9,42 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::pipeline::{run_with, RunOptions};
 use crate::query;
 
-pub(super) async fn run(path: &Path, exit_at_end: bool) -> Result<()> {
+pub(super) async fn run(path: &Path, exit_at_end: bool, http: Option<SocketAddr>) -> Result<()> {
     let config = Config::load(path)?;
     super::print::check(&query::check(&config)?);
     let shutdown = CancellationToken::new();
     let fold_now = Arc::new(tokio::sync::Notify::new());
     spawn_signal_handlers(shutdown.clone(), fold_now.clone())?;
+    let listen = http.or(config.http.listen);
+    let metrics = Arc::new(Metrics::new(config.http.stall_bound));
+    let stop_http = CancellationToken::new();
+    if let Some(addr) = listen {
+        crate::http::serve(addr, metrics.clone(), stop_http.clone()).await?;
+    }
+    let linger = config.http.linger;
     let options = RunOptions {
         exit_at_end,
         fold_now: Some(fold_now),
         published: None,
         stats: None,
+        metrics: listen.map(|_| metrics),
     };
-    let summary = run_with(config, options, shutdown).await?;
+    let result = run_with(config, options, shutdown.clone()).await;
+    if let (Err(e), Some(_)) = (&result, listen) {
+        // Probes and scrapers see the failure (`/ready` false, e.g. fenced)
+        // before the process goes; a signal ends the wait.
+        tracing::info!(error = %e, ?linger, "run failed; serving /ready (false) and /metrics before exiting");
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(linger) => {}
+        }
+    }
+    stop_http.cancel();
+    let summary = result?;
     println!(
         "stopped after {} records; committed {} partitions",
         summary.records,

@@ -26,6 +26,7 @@ mod publish;
 mod read;
 mod recover;
 mod redeliver;
+mod report;
 mod rows;
 mod task;
 mod write;
@@ -47,6 +48,7 @@ pub use plan::{plan, FoldPlan};
 pub use policy::Policies;
 pub(crate) use recover::recover;
 pub(crate) use redeliver::{undelivered, Undelivered};
+pub(crate) use report::Report;
 pub(crate) use task::{CutRequest, FoldLoop, FreezeCut};
 pub use write::COMPACT_FRAGMENTS;
 

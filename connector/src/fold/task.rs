@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{execute, plan, Folded, Policies};
+use super::{execute, plan, Folded, Policies, Report};
 use crate::error::Result;
 use crate::failpoints;
 use crate::graph::{Graph, GraphCommit};
@@ -20,6 +20,8 @@ use crate::shards;
 pub(crate) struct FreezeCut {
     pub frozen: Vec<shards::FrozenShard>,
     pub spans: WrittenSpans,
+    /// When the oldest record of the cut was taken from Kafka.
+    pub oldest_taken: Option<std::time::Instant>,
 }
 
 pub(crate) type CutRequest = tokio::sync::oneshot::Sender<Result<FreezeCut>>;
@@ -49,6 +51,10 @@ pub(crate) struct FoldLoop {
     /// Garbage collection after a publish (`None`: retention is off). In
     /// this loop it never races a fold of this process.
     pub(crate) retention: Option<retention::Scheduled>,
+    /// Metrics and the summary log of each fold.
+    pub(crate) report: Report,
+    /// When the oldest record not yet published was taken (over cuts, as `spans`).
+    pub oldest_taken: Option<std::time::Instant>,
 }
 
 impl FoldLoop {
@@ -75,7 +81,10 @@ impl FoldLoop {
                 _ = self.wake.notified() => false,
                 _ = tick.tick() => false,
             };
-            if !self.fold_once(&mut spans).await? || last {
+            self.report.started();
+            let folded = self.fold_once(&mut spans).await;
+            self.report.ended(&folded);
+            if !folded? || last {
                 return Ok(());
             }
         }
@@ -84,6 +93,7 @@ impl FoldLoop {
     /// Cuts, waits for the flushes, folds and publishes. Returns false when
     /// the run loop is gone.
     async fn fold_once(&mut self, spans: &mut WrittenSpans) -> Result<bool> {
+        let started = std::time::Instant::now();
         let (tx, rx) = tokio::sync::oneshot::channel();
         if self.cuts.send(tx).await.is_err() {
             return Ok(false);
@@ -91,6 +101,10 @@ impl FoldLoop {
         let Ok(cut) = rx.await else { return Ok(false) };
         let cut = cut?;
         spans.merge(&cut.spans);
+        self.oldest_taken = match (self.oldest_taken, cut.oldest_taken) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let mut limits = HashMap::new();
         for f in cut.frozen {
             limits.insert(f.shard, f.upto_generation);
@@ -116,16 +130,6 @@ impl FoldLoop {
                 rejects,
                 stages: t,
             } = execute(&self.graph, &self.policies, &plan).await?;
-            tracing::debug!(
-                seq = commit.seq,
-                rejects = rejects.len(),
-                read_s = t.read,
-                view_s = t.view,
-                check_s = t.check,
-                write_s = t.write,
-                publish_s = t.publish,
-                "fold stages"
-            );
             *spans = WrittenSpans::default();
             // Published first, then produced: a crash in between re-delivers
             // on the next start (at least once, by reject_id).
@@ -139,6 +143,17 @@ impl FoldLoop {
             }
             // Every earlier commit's rejects went out before this fold.
             self.delivered = commit.seq;
+            let oldest = self.oldest_taken.take();
+            self.report
+                .published(
+                    &self.graph,
+                    &commit,
+                    &rejects,
+                    started.elapsed(),
+                    oldest,
+                    &t,
+                )
+                .await;
             let _ = self.published.send(Some(commit));
             if let Some(r) = &mut self.retention {
                 r.after_publish(&self.graph).await;

@@ -17,6 +17,7 @@ use super::{blocking, client};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::failpoints;
+use crate::metrics::Metrics;
 use crate::types::TopicPartition;
 
 /// What librdkafka's rebalance callbacks tell the run loop.
@@ -35,7 +36,12 @@ pub(crate) struct GroupContext {
     events: mpsc::UnboundedSender<GroupEvent>,
     committable: Committable,
     log: ClientLog,
+    metrics: Arc<Metrics>,
 }
+
+/// librdkafka's statistics interval when graphsink's metrics are served
+/// and `[kafka]` sets none.
+const STATISTICS_INTERVAL_MS: &str = "5000";
 
 impl ClientContext for GroupContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
@@ -44,6 +50,28 @@ impl ClientContext for GroupContext {
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         self.log.error(&error, reason)
+    }
+
+    /// librdkafka's statistics, mapped to a few gauges (docs/metrics.md).
+    fn stats(&self, s: rdkafka::Statistics) {
+        let mut fetch_queue = 0;
+        for (topic, t) in &s.topics {
+            for (&p, part) in &t.partitions {
+                if p < 0 {
+                    continue; // librdkafka's internal "unassigned" partition
+                }
+                fetch_queue += part.fetchq_cnt.max(0);
+                let tp = (topic.clone(), p);
+                self.metrics
+                    .kafka_partition(&tp, part.consumer_lag, part.hi_offset);
+            }
+        }
+        self.metrics.kafka_fetch_queue(fetch_queue);
+        for b in s.brokers.values().filter(|b| b.nodeid >= 0) {
+            if let Some(rtt) = &b.rtt {
+                self.metrics.kafka_broker_rtt(&b.nodename, rtt.avg);
+            }
+        }
     }
 }
 
@@ -118,17 +146,25 @@ fn tp_list(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
 pub(crate) type GroupConsumer = StreamConsumer<GroupContext>;
 
 /// Joins the group and subscribes to every mapped topic.
+/// With `kafka_stats`, librdkafka reports statistics into `metrics`.
 pub(crate) fn subscribe(
     config: &Config,
     committable: Committable,
+    metrics: Arc<Metrics>,
+    kafka_stats: bool,
 ) -> Result<(GroupConsumer, mpsc::UnboundedReceiver<GroupEvent>)> {
     let (tx, rx) = mpsc::unbounded_channel();
     let ctx = GroupContext {
         events: tx,
         committable,
         log: ClientLog::default(),
+        metrics,
     };
-    let consumer: GroupConsumer = client::consumer_config(config).create_with_context(ctx)?;
+    let mut cc = client::consumer_config(config);
+    if kafka_stats && !config.kafka.contains_key("statistics.interval.ms") {
+        cc.set("statistics.interval.ms", STATISTICS_INTERVAL_MS);
+    }
+    let consumer: GroupConsumer = cc.create_with_context(ctx)?;
     consumer.subscribe(&mapped_topics(config))?;
     Ok((consumer, rx))
 }

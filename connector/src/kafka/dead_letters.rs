@@ -4,6 +4,8 @@
 //! until it is delivered. It decides nothing about what is rejected.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -16,6 +18,7 @@ use super::client_log::ClientLog;
 use super::record::{reject_record, Purpose};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::rejects::Reject;
 
 /// librdkafka's default `message.max.bytes`.
@@ -35,6 +38,51 @@ pub(crate) struct DeadLetters {
     connector: String,
     /// The producer's `message.max.bytes`: a dead letter is cut to fit it.
     max_bytes: usize,
+    metrics: Arc<Metrics>,
+    /// The producer's client config, for creating the topics again.
+    client: rdkafka::ClientConfig,
+    /// Every dead-letter topic was created or found. Until then a failed
+    /// delivery tries to create them again: a broker that was down when
+    /// the connector started (and does not auto-create topics) would
+    /// otherwise time out every produce for ever.
+    topics_ready: Arc<AtomicBool>,
+}
+
+/// One delivery as the metrics see it: rejects still pending, and whether
+/// it is retrying. Dropping it (done, failed or cancelled) settles both.
+struct Delivery<'a> {
+    metrics: &'a Metrics,
+    pending: usize,
+    retrying: bool,
+}
+
+impl<'a> Delivery<'a> {
+    fn new(metrics: &'a Metrics, n: usize) -> Self {
+        metrics.dead_letters_queued(n);
+        Delivery {
+            metrics,
+            pending: n,
+            retrying: false,
+        }
+    }
+
+    fn round(&mut self, ok: usize, failed: usize) {
+        self.metrics.dead_letters_sent(ok, failed);
+        self.pending -= ok;
+        if failed > 0 && !self.retrying {
+            self.retrying = true;
+            self.metrics.dead_letters_retrying(true);
+        }
+    }
+}
+
+impl Drop for Delivery<'_> {
+    fn drop(&mut self) {
+        self.metrics.dead_letters_abandoned(self.pending);
+        if self.retrying {
+            self.metrics.dead_letters_retrying(false);
+        }
+    }
 }
 
 /// A reject whose produce failed, and why.
@@ -46,7 +94,7 @@ struct Failed<'a> {
 impl DeadLetters {
     /// The producer (see `client::dead_letter_config`); creates the
     /// dead-letter topics that do not exist yet.
-    pub(crate) async fn connect(config: &Config) -> Result<DeadLetters> {
+    pub(crate) async fn connect(config: &Config, metrics: Arc<Metrics>) -> Result<DeadLetters> {
         let cc = client::dead_letter_config(config);
         let producer: FutureProducer<ClientLog> = cc.create_with_context(ClientLog::default())?;
         let mut by_topic = HashMap::new();
@@ -66,35 +114,41 @@ impl DeadLetters {
                 .get("message.max.bytes")
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(LIBRDKAFKA_MESSAGE_MAX_BYTES),
+            metrics,
+            client: cc,
+            topics_ready: Arc::default(),
         };
-        dl.create_topics(&cc).await;
+        dl.create_topics().await;
         Ok(dl)
     }
 
     /// Best effort: a broker that auto-creates topics, or an operator who
     /// created them, needs none of this; a failure shows at produce time.
-    async fn create_topics(&self, cc: &rdkafka::ClientConfig) {
+    async fn create_topics(&self) {
         let mut names: Vec<&str> = self.by_topic.values().map(String::as_str).collect();
         names.push(&self.default_topic);
         names.sort();
         names.dedup();
-        let outcomes = match admin::create_topics(cc, &names, 1).await {
+        let outcomes = match admin::create_topics(&self.client, &names, 1).await {
             Ok(o) => o,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot create dead-letter topics");
                 return;
             }
         };
+        let mut ready = true;
         for o in outcomes {
             let t = &o.topic;
             match o.outcome {
                 Created::Created => tracing::info!(topic = %t, "created dead-letter topic"),
                 Created::Exists => tracing::debug!(topic = %t, "dead-letter topic exists"),
                 Created::Failed(e) => {
+                    ready = false;
                     tracing::warn!(topic = %t, error = %e, "cannot create dead-letter topic")
                 }
             }
         }
+        self.topics_ready.store(ready, Ordering::Relaxed);
     }
 
     /// The dead-letter topic of a reject.
@@ -112,6 +166,7 @@ impl DeadLetters {
     /// error once `stop` is cancelled.
     pub(crate) async fn deliver(&self, rejects: &[Reject], stop: &CancellationToken) -> Result<()> {
         let mut todo: Vec<&Reject> = rejects.iter().collect();
+        let mut delivery = Delivery::new(&self.metrics, todo.len());
         let mut delay = Duration::from_millis(100);
         let mut first = true;
         while !todo.is_empty() {
@@ -129,6 +184,7 @@ impl DeadLetters {
                     }).collect(),
                 }
             };
+            delivery.round(todo.len() - failed.len(), failed.len());
             let Some(f) = failed.first() else {
                 return Ok(());
             };
@@ -145,6 +201,13 @@ impl DeadLetters {
                         f.reject.reject_id, f.error
                     ),
                 });
+            }
+            // The topics may be missing because the broker was down at start.
+            if !self.topics_ready.load(Ordering::Relaxed) {
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = self.create_topics() => {}
+                }
             }
             tokio::select! {
                 _ = stop.cancelled() => {}
