@@ -3,7 +3,9 @@
 //! the one way to start each here means they cannot drift apart. The fault
 //! proxy sits between the object store client and the S3 server, for the
 //! storage-fault tests. The hostile-input generator feeds the reject tests.
+//! `containers` is a second broker backend (Kafka in a container).
 
+pub mod containers;
 pub mod faults;
 pub mod hostile;
 pub mod s3;

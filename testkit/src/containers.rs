@@ -1,0 +1,47 @@
+//! The second broker backend: Apache Kafka (KRaft, the apache/kafka-native
+//! image) in a container through testcontainers, where a Docker engine
+//! exists. Selected by `GRAPHSINK_TEST_BROKER_BACKEND=containers`; tansu
+//! stays the default. Needs the `containers` feature; without it `start`
+//! says how to get it. CI has no Docker engine: it only compiles this.
+
+/// The environment variable that selects the backend (`tansu`, `containers`).
+pub const BACKEND_VAR: &str = "GRAPHSINK_TEST_BROKER_BACKEND";
+
+/// Whether the environment asks for the container backend.
+pub fn selected() -> bool {
+    std::env::var(BACKEND_VAR).is_ok_and(|v| v == "containers")
+}
+
+/// A running Kafka container; dropping it stops and removes the container.
+pub struct KafkaContainer {
+    pub bootstrap: String,
+    #[cfg(feature = "containers")]
+    _container: testcontainers_modules::testcontainers::Container<
+        testcontainers_modules::kafka::apache::Kafka,
+    >,
+}
+
+/// Starts Apache Kafka in a container (pulls the image on first use).
+#[cfg(feature = "containers")]
+pub fn start() -> Result<KafkaContainer, String> {
+    use testcontainers_modules::kafka::apache;
+    use testcontainers_modules::testcontainers::runners::SyncRunner;
+    let container = apache::Kafka::default()
+        .start()
+        .map_err(|e| format!("start the Kafka container (is a Docker engine running?): {e}"))?;
+    let port = container
+        .get_host_port_ipv4(apache::KAFKA_PORT)
+        .map_err(|e| format!("the Kafka container's port: {e}"))?;
+    Ok(KafkaContainer {
+        bootstrap: format!("127.0.0.1:{port}"),
+        _container: container,
+    })
+}
+
+#[cfg(not(feature = "containers"))]
+pub fn start() -> Result<KafkaContainer, String> {
+    Err(format!(
+        "{BACKEND_VAR}=containers needs graphsink-testkit's `containers` feature: \
+         cargo test -p graphsink --features graphsink-testkit/containers"
+    ))
+}
