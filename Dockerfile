@@ -11,9 +11,10 @@ RUN cargo build --release --locked -p graphsink \
  && cp target/release/graphsink /usr/local/bin/graphsink
 
 FROM debian:bookworm-slim
-# libssl3: graphsink links the system OpenSSL dynamically.
+# libssl3: graphsink links the system OpenSSL dynamically. curl: the compose
+# healthcheck asks `/ready` (served with `run --http ADDR`).
 RUN apt-get update -qq \
- && apt-get install -y -qq --no-install-recommends ca-certificates libssl3 \
+ && apt-get install -y -qq --no-install-recommends ca-certificates libssl3 curl \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --home-dir /var/lib/graphsink graphsink \
  && mkdir -p /var/lib/graphsink/graph \
