@@ -4,7 +4,9 @@
 #
 #   ensure_build_deps   install protoc, a C toolchain, OpenSSL headers (apt)
 #   ensure_tansu        install the tansu 0.6.0 test broker once; sets TANSU_BIN
-#   use_broker          GRAPHSINK_TEST_BROKER if set, else ensure_tansu + start_broker
+#   use_broker          GRAPHSINK_TEST_BROKER if set; none with
+#                       GRAPHSINK_TEST_BROKER_BACKEND=containers (the tests
+#                       start Kafka in a container); else ensure_tansu + start_broker
 #   start_broker        start tansu on a free loopback port; sets GRAPHSINK_TEST_BROKER
 #   stop_broker         stop it again (idempotent; callers: `trap stop_broker EXIT`)
 #   ensure_moto         install moto's S3 server into a venv once; sets MOTO_BIN
@@ -13,6 +15,14 @@
 #                       bucket, refuse a server that ignores conditional PUTs;
 #                       sets GRAPHSINK_TEST_S3
 #   stop_s3             stop it again (idempotent)
+#   ensure_prometheus   install Debian's prometheus (2.42: the server and
+#                       promtool) with apt-get once; sets PROMETHEUS_BIN
+#   start_prometheus    start a private Prometheus on a free loopback port,
+#                       scraping every second the targets listed in a
+#                       file_sd file; sets GRAPHSINK_TEST_PROMETHEUS (its
+#                       URL) and GRAPHSINK_TEST_PROM_TARGETS (the file tests
+#                       write their graphsink addresses into)
+#   stop_prometheus     stop it again (idempotent)
 
 GRAPHSINK_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GRAPHSINK_CACHE="${GRAPHSINK_CACHE:-${HOME:?HOME is not set}/.cache/graphsink}"
@@ -69,6 +79,8 @@ ensure_tansu() {
 use_broker() {
     if [ -n "${GRAPHSINK_TEST_BROKER:-}" ]; then
         log "using external broker GRAPHSINK_TEST_BROKER=$GRAPHSINK_TEST_BROKER (starting none)"
+    elif [ "${GRAPHSINK_TEST_BROKER_BACKEND:-tansu}" = containers ]; then
+        log "broker backend: Kafka in a container (the tests start it; needs Docker and --features graphsink-testkit/containers)"
     else
         ensure_tansu
         start_broker
@@ -256,5 +268,87 @@ stop_s3() {
     [ -z "${_GS_S3_DIR:-}" ] || rm -rf "$_GS_S3_DIR"
     [ -z "$pid" ] || unset GRAPHSINK_TEST_S3
     _GS_S3_PID="" _GS_S3_LAUNCHER="" _GS_S3_DIR=""
+    return 0
+}
+
+ensure_prometheus() {
+    export PROMETHEUS_BIN="${PROMETHEUS_BIN:-/usr/bin/prometheus}"
+    if [ ! -x "$PROMETHEUS_BIN" ] || ! have promtool; then
+        have apt-get || die "prometheus not found and no apt-get: install Prometheus 2.x (and promtool) yourself"
+        log "installing prometheus (Debian's package: the server and promtool) with apt-get"
+        as_root apt-get update -qq
+        # The package's service may not start here (policy-rc.d); the tests
+        # run their own server, so that is fine.
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus </dev/null || true
+        [ -x "$PROMETHEUS_BIN" ] || die "apt-get did not install $PROMETHEUS_BIN"
+        have promtool || die "apt-get installed prometheus but promtool is missing"
+    fi
+}
+
+start_prometheus() {
+    [ -z "${_GS_PROM_PID:-}" ] || die "start_prometheus: one is already running (pid $_GS_PROM_PID)"
+    : "${PROMETHEUS_BIN:?run ensure_prometheus first}"
+    local port dir deadline started
+    port="$(_free_port)"
+    dir="$(mktemp -d "${TMPDIR:-/tmp}/graphsink-prometheus.XXXXXX")"
+    _GS_PROM_DIR="$dir" _GS_PROM_LOG="$dir/prometheus.log"
+    echo '[]' >"$dir/targets.json"
+    # Tests add their own targets (with a `test` label) to targets.json;
+    # Prometheus re-reads it every second. The job is named as in
+    # deploy/prometheus/prometheus.yml, so the dashboard's queries (which
+    # select `job="graphsink"`) are evaluated unchanged in tests/e2e/ops.rs.
+    cat >"$dir/prometheus.yml" <<YAML
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: graphsink
+    metrics_path: /metrics
+    file_sd_configs:
+      - files: ["$dir/targets.json"]
+        refresh_interval: 1s
+YAML
+    started="$(_now_ms)"
+    # shellcheck disable=SC2016
+    setsid bash -c 'echo "$$" >"$1"; shift; exec "$@"' _ "$dir/pid" \
+        "$PROMETHEUS_BIN" --config.file "$dir/prometheus.yml" \
+        --storage.tsdb.path "$dir/data" --web.listen-address "127.0.0.1:$port" \
+        </dev/null >"$_GS_PROM_LOG" 2>&1 &
+    _GS_PROM_LAUNCHER=$!
+    deadline=$((SECONDS + 30))
+    while [ ! -s "$dir/pid" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
+    _GS_PROM_PID="$(cat "$dir/pid" 2>/dev/null || true)"
+    [ -n "$_GS_PROM_PID" ] || _prometheus_failed "the prometheus process did not start"
+    until curl -sf "http://127.0.0.1:$port/-/ready" >/dev/null 2>&1; do
+        _alive "$_GS_PROM_PID" || _prometheus_failed "prometheus exited during startup"
+        [ "$SECONDS" -lt "$deadline" ] || _prometheus_failed "prometheus not ready on port $port after 30 s"
+        sleep 0.1
+    done
+    export GRAPHSINK_TEST_PROMETHEUS="http://127.0.0.1:$port"
+    export GRAPHSINK_TEST_PROM_TARGETS="$dir/targets.json"
+    log "prometheus ready at $GRAPHSINK_TEST_PROMETHEUS in $(($(_now_ms) - started)) ms (pid $_GS_PROM_PID, targets $GRAPHSINK_TEST_PROM_TARGETS, log $_GS_PROM_LOG)"
+}
+
+_prometheus_failed() {
+    log "ERROR: $1; last lines of $_GS_PROM_LOG:"
+    tail -n 40 "$_GS_PROM_LOG" >&2 || true
+    stop_prometheus
+    exit 1
+}
+
+stop_prometheus() {
+    local pid="${_GS_PROM_PID:-}" i
+    if [ -n "$pid" ]; then
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < 100; i++)); do _alive "$pid" || break; sleep 0.1; done
+        _alive "$pid" && { kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; }
+    fi
+    if [ -n "${_GS_PROM_LAUNCHER:-}" ]; then
+        _alive "$_GS_PROM_LAUNCHER" || wait "$_GS_PROM_LAUNCHER" 2>/dev/null || true
+    fi
+    [ -z "${_GS_PROM_DIR:-}" ] || rm -rf "$_GS_PROM_DIR"
+    [ -z "$pid" ] || unset GRAPHSINK_TEST_PROMETHEUS GRAPHSINK_TEST_PROM_TARGETS
+    _GS_PROM_PID="" _GS_PROM_LAUNCHER="" _GS_PROM_DIR=""
     return 0
 }

@@ -4,16 +4,23 @@
 # Set GRAPHSINK_TEST_BROKER=host:port to use a broker of your own instead,
 # and GRAPHSINK_TEST_S3=http://host:port for an S3 server of your own (it
 # must enforce conditional PUTs; the test bucket is created if missing).
+# GRAPHSINK_TEST_BROKER_BACKEND=containers runs the tests against Apache
+# Kafka in a container instead of tansu (needs Docker, and
+# `--features graphsink-testkit/containers` among the cargo args). A private
+# Prometheus (Debian's package) is started for tests/e2e/ops.rs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 
 ensure_build_deps
-trap 'stop_broker; stop_s3' EXIT
+trap 'stop_broker; stop_s3; stop_prometheus' EXIT
 use_broker
 use_s3
-log "tests use broker GRAPHSINK_TEST_BROKER=$GRAPHSINK_TEST_BROKER and S3 GRAPHSINK_TEST_S3=$GRAPHSINK_TEST_S3"
+# A real Prometheus scrapes graphsink in tests/e2e/ops.rs.
+ensure_prometheus
+start_prometheus
+log "tests use broker GRAPHSINK_TEST_BROKER=${GRAPHSINK_TEST_BROKER:-(a container)}, S3 GRAPHSINK_TEST_S3=$GRAPHSINK_TEST_S3, Prometheus GRAPHSINK_TEST_PROMETHEUS=$GRAPHSINK_TEST_PROMETHEUS"
 
 # Split our args at `--` so the default --test-threads=2 stays on the test
 # binary's side (after a second `--` libtest would take it for a test filter).
@@ -29,6 +36,16 @@ esac
 
 status=0
 cargo test --workspace --locked "${cargo_args[@]}" -- "${test_args[@]}" || status=$?
+
+# What cannot run here (no Docker engine) is at least compiled and checked:
+# the testcontainers broker backend, and the deployment files (compose
+# schema, Prometheus config, the dashboard's queries and metric names).
+# Only for the whole suite or when GRAPHSINK_DEPLOY_CHECK=1.
+if [ "$status" -eq 0 ] && { [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_DEPLOY_CHECK:-}" = 1 ]; }; then
+    log "cargo check -p graphsink-testkit --features containers"
+    cargo check --locked -p graphsink-testkit --features containers || status=$?
+    bash scripts/check-deploy.sh || status=$?
+fi
 
 # The reliability harness's short form (RELIABILITY.md): a fixed seed, 30
 # kill -9 trials, a broker freeze, a dead-letter outage, broker restarts and

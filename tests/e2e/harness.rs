@@ -24,17 +24,32 @@ struct Broker {
     /// Never dropped (it lives in a static): tansu goes with the test
     /// process through PR_SET_PDEATHSIG, which graphsink-testkit sets.
     _tansu: Option<Tansu>,
+    /// The container backend's Kafka (left to Docker's reaper at exit).
+    _container: Option<graphsink_testkit::containers::KafkaContainer>,
 }
 
 static BROKER: OnceLock<Broker> = OnceLock::new();
 
-/// The broker address. Never skips: it uses GRAPHSINK_TEST_BROKER, or starts
-/// the tansu that scripts/test.sh installs, or fails saying how to get one.
+/// The broker address. Never skips: it uses GRAPHSINK_TEST_BROKER, or Kafka
+/// in a container (GRAPHSINK_TEST_BROKER_BACKEND=containers), or starts the
+/// tansu that scripts/test.sh installs, or fails saying how to get one.
 pub fn broker() -> &'static str {
     &BROKER
         .get_or_init(|| {
             if let Ok(addr) = std::env::var("GRAPHSINK_TEST_BROKER") {
-                return Broker { addr, _tansu: None };
+                return Broker {
+                    addr,
+                    _tansu: None,
+                    _container: None,
+                };
+            }
+            if graphsink_testkit::containers::selected() {
+                let k = graphsink_testkit::containers::start().unwrap_or_else(|e| panic!("{e}"));
+                return Broker {
+                    addr: k.bootstrap.clone(),
+                    _tansu: None,
+                    _container: Some(k),
+                };
             }
             start_tansu()
         })
@@ -54,6 +69,7 @@ fn start_tansu() -> Broker {
     Broker {
         addr: tansu.bootstrap.clone(),
         _tansu: Some(tansu),
+        _container: None,
     }
 }
 

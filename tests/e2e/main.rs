@@ -4,6 +4,7 @@
 mod edges;
 mod group;
 mod harness;
+mod ops;
 mod pipeline;
 mod recovery;
 mod rejects;
