@@ -35,11 +35,7 @@ ensure_check_jsonschema() {
         [ "$("$CHECK_JSONSCHEMA" --version 2>/dev/null)" != "check-jsonschema, version $CHECK_JSONSCHEMA_VERSION" ]; then
         log "installing check-jsonschema $CHECK_JSONSCHEMA_VERSION into $DEPLOY_VENV"
         mkdir -p "$GRAPHSINK_CACHE"
-        python3 -m venv --help >/dev/null 2>&1 || {
-            have apt-get || die "python3 has no venv module and there is no apt-get"
-            as_root apt-get update -qq
-            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv </dev/null
-        }
+        ensure_python_venv
         # shellcheck disable=SC2016  # $1.. expand in the inner shell
         flock "$GRAPHSINK_CACHE/deploy-check-install.lock" bash -c '
             [ "$("$1/bin/check-jsonschema" --version 2>/dev/null)" = "check-jsonschema, version $2" ] && exit 0

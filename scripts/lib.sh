@@ -142,27 +142,45 @@ _broker_failed() {
     exit 1
 }
 
-# Idempotent and never fails, so it is safe in an EXIT trap (it keeps the
-# caller's exit status).
-stop_broker() {
-    local pid="${_GS_BROKER_PID:-}" i
+# _stop_server NAME PID LAUNCHER DIR: SIGTERM to the server's process group
+# (setsid made it its leader), SIGKILL after 10 s, reap its launcher, remove
+# its folder. Never fails, so the stop_* functions are safe in EXIT traps.
+_stop_server() {
+    local name="$1" pid="$2" launcher="$3" dir="$4" i
     if [ -n "$pid" ]; then
         kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
         for ((i = 0; i < 100; i++)); do _alive "$pid" || break; sleep 0.1; done
         if _alive "$pid"; then
-            log "tansu (pid $pid) ignored SIGTERM for 10 s; killing it"
+            log "$name (pid $pid) ignored SIGTERM for 10 s; killing it"
             kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
         fi
     fi
-    if [ -n "${_GS_BROKER_LAUNCHER:-}" ]; then
+    if [ -n "$launcher" ]; then
         # Never block here: only reap a launcher that has exited.
-        [ -n "$pid" ] || kill -KILL "$_GS_BROKER_LAUNCHER" 2>/dev/null || true
-        _alive "$_GS_BROKER_LAUNCHER" || wait "$_GS_BROKER_LAUNCHER" 2>/dev/null || true
+        [ -n "$pid" ] || kill -KILL "$launcher" 2>/dev/null || true
+        _alive "$launcher" || wait "$launcher" 2>/dev/null || true
     fi
-    [ -z "${_GS_BROKER_DIR:-}" ] || rm -rf "$_GS_BROKER_DIR"
+    [ -z "$dir" ] || rm -rf "$dir"
+    return 0
+}
+
+# Idempotent and never fails, so it is safe in an EXIT trap (it keeps the
+# caller's exit status).
+stop_broker() {
+    local pid="${_GS_BROKER_PID:-}"
+    _stop_server tansu "$pid" "${_GS_BROKER_LAUNCHER:-}" "${_GS_BROKER_DIR:-}"
     [ -z "$pid" ] || unset GRAPHSINK_TEST_BROKER   # only if it was ours
     _GS_BROKER_PID="" _GS_BROKER_LAUNCHER="" _GS_BROKER_DIR=""
     return 0
+}
+
+# Python's venv module (Debian splits it out), for the tools installed
+# from PyPI into venvs under $GRAPHSINK_CACHE.
+ensure_python_venv() {
+    python3 -m venv --help >/dev/null 2>&1 && return 0
+    have apt-get || die "python3 has no venv module and there is no apt-get"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv </dev/null
 }
 
 ensure_moto() {
@@ -170,11 +188,7 @@ ensure_moto() {
     if [ ! -x "$MOTO_BIN" ]; then
         log "installing moto $MOTO_VERSION (S3 server for the tests, about a minute, once per machine) into $MOTO_VENV"
         mkdir -p "$GRAPHSINK_CACHE"
-        python3 -m venv --help >/dev/null 2>&1 || {
-            have apt-get || die "python3 has no venv module and there is no apt-get"
-            as_root apt-get update -qq
-            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv </dev/null
-        }
+        ensure_python_venv
         # shellcheck disable=SC2016
         flock "$GRAPHSINK_CACHE/moto-install.lock" bash -c '
             [ -x "$1/bin/moto_server" ] && exit 0
@@ -256,16 +270,8 @@ _s3_failed() {
 }
 
 stop_s3() {
-    local pid="${_GS_S3_PID:-}" i
-    if [ -n "$pid" ]; then
-        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-        for ((i = 0; i < 100; i++)); do _alive "$pid" || break; sleep 0.1; done
-        _alive "$pid" && { kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; }
-    fi
-    if [ -n "${_GS_S3_LAUNCHER:-}" ]; then
-        _alive "$_GS_S3_LAUNCHER" || wait "$_GS_S3_LAUNCHER" 2>/dev/null || true
-    fi
-    [ -z "${_GS_S3_DIR:-}" ] || rm -rf "$_GS_S3_DIR"
+    local pid="${_GS_S3_PID:-}"
+    _stop_server moto "$pid" "${_GS_S3_LAUNCHER:-}" "${_GS_S3_DIR:-}"
     [ -z "$pid" ] || unset GRAPHSINK_TEST_S3
     _GS_S3_PID="" _GS_S3_LAUNCHER="" _GS_S3_DIR=""
     return 0
@@ -338,16 +344,8 @@ _prometheus_failed() {
 }
 
 stop_prometheus() {
-    local pid="${_GS_PROM_PID:-}" i
-    if [ -n "$pid" ]; then
-        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-        for ((i = 0; i < 100; i++)); do _alive "$pid" || break; sleep 0.1; done
-        _alive "$pid" && { kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; }
-    fi
-    if [ -n "${_GS_PROM_LAUNCHER:-}" ]; then
-        _alive "$_GS_PROM_LAUNCHER" || wait "$_GS_PROM_LAUNCHER" 2>/dev/null || true
-    fi
-    [ -z "${_GS_PROM_DIR:-}" ] || rm -rf "$_GS_PROM_DIR"
+    local pid="${_GS_PROM_PID:-}"
+    _stop_server prometheus "$pid" "${_GS_PROM_LAUNCHER:-}" "${_GS_PROM_DIR:-}"
     [ -z "$pid" ] || unset GRAPHSINK_TEST_PROMETHEUS GRAPHSINK_TEST_PROM_TARGETS
     _GS_PROM_PID="" _GS_PROM_LAUNCHER="" _GS_PROM_DIR=""
     return 0
