@@ -181,6 +181,90 @@ async fn ready_follows_the_group_join_and_a_fencing() {
     http_stop.cancel();
 }
 
+/// The real binary as an orchestrator runs it: `[http] listen` serves the
+/// probes; fenced by an offline fold, the process keeps serving `/ready`
+/// (503, `"fenced": true`) and the fencing counter for `[http] linger`, then
+/// exits with code 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_its_probes_and_reports_a_fencing_before_it_exits() {
+    crate::init_logs();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        &format!(
+            "[fold]\ninterval = \"1s\"\n[offsets]\ncommit_interval = \"200ms\"\n\
+             [http]\nlisten = \"127.0.0.1:{port}\"\nlinger = \"30s\""
+        ),
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 2).await;
+    produce(topic, &people(5, 0)).await;
+    let mut child = tg.spawn_run();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // Not listening yet while the binary starts: retry the connection.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "graphsink never listened on {addr}"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "graphsink exited early"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    await_ready(addr, "joined", Duration::from_secs(60), |s, b| {
+        s == 200 && b["ready"] == json!(true)
+    })
+    .await;
+    let (status, _, body) = get(&addr.to_string(), "/health").await;
+    assert_eq!(status, 200, "{body}");
+    wait_until("all committed", Duration::from_secs(60), || {
+        committed(&tg.group, topic, 2).values().sum::<i64>() == 5
+    })
+    .await;
+
+    let out = tg.cli(&["fold"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    produce(topic, &people(3, 5)).await;
+    let body = await_ready(addr, "fenced", Duration::from_secs(60), |s, b| {
+        s == 503 && b["fenced"] == json!(true)
+    })
+    .await;
+    assert_eq!(
+        child.try_wait().unwrap(),
+        None,
+        "it lingers, serving: {body}"
+    );
+    let (_, _, text) = get(&addr.to_string(), "/metrics").await;
+    assert!(text.contains("graphsink_fenced_total 1"), "{text}");
+
+    // SIGTERM ends the linger; the exit code still says "fenced".
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "graphsink did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Some(3), "exit code of a fenced run");
+}
+
 /// `/ready` turns false while the dead-letter producer cannot reach its
 /// broker for longer than `stall_bound`, and true again once it can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
