@@ -641,7 +641,10 @@ impl RunLoop<'_> {
     }
 
     /// A poll's durability: in the WAL, and every reject both in the
-    /// rejects WAL and acknowledged by the dead-letter topic.
+    /// rejects WAL and acknowledged by the dead-letter topic. The two are
+    /// awaited together, not one after the other: a poll with rejects
+    /// would otherwise wait a produce round trip plus a WAL flush, and
+    /// fill the in-flight window under a reject storm. The ack needs both.
     fn durability(
         &self,
         rejects: Vec<rejects::Reject>,
@@ -651,14 +654,21 @@ impl RunLoop<'_> {
         let dead_letters = self.dead_letters.clone();
         let stop = self.shutdown.clone();
         async move {
-            if !rejects.is_empty() {
-                failpoints::hit(failpoints::REJECTS_BEFORE_DEAD_LETTERS)?;
-                dead_letters.deliver(&rejects, &stop).await?;
-                failpoints::hit(failpoints::REJECTS_AFTER_DEAD_LETTERS)?;
-            }
-            for w in writes {
-                w.wait().await?;
-            }
+            let delivered = async {
+                if !rejects.is_empty() {
+                    failpoints::hit(failpoints::REJECTS_BEFORE_DEAD_LETTERS)?;
+                    dead_letters.deliver(&rejects, &stop).await?;
+                    failpoints::hit(failpoints::REJECTS_AFTER_DEAD_LETTERS)?;
+                }
+                Ok::<_, Error>(())
+            };
+            let written = async {
+                for w in writes {
+                    w.wait().await?;
+                }
+                Ok(())
+            };
+            futures::try_join!(delivered, written)?;
             Ok(ack)
         }
         .boxed()
