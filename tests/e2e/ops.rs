@@ -752,8 +752,12 @@ fn names_match_readme(text: &str) {
 async fn secrets_never_show_in_logs_or_errors() {
     const PASSWORD: &str = "sasl-pw-61c2e9";
     const TOKEN: &str = "env-token-a8d3f0";
+    // Echoed config too: `run` prints the graph root it checked.
+    const ROOT: &str = "graph-d41f9a";
     let tg = TestGraph::new(&["node = \"Person\""], "");
-    let cfg = std::fs::read_to_string(tg.config_path()).unwrap().replace(
+    let cfg = std::fs::read_to_string(tg.config_path()).unwrap();
+    assert!(cfg.contains("root = \"graph\"\n"), "{cfg}");
+    let cfg = cfg.replace("root = \"graph\"\n", "root = \"${GS_OPS_SECRET_ROOT}\"\n").replace(
         "[kafka]\n",
         &format!("[kafka]\n\"sasl.username\" = \"u\"\n\"sasl.password\" = \"{PASSWORD}\"\n\"sasl.passwd\" = \"${{GS_OPS_TEST_TOKEN}}\"\n"),
     );
@@ -763,6 +767,7 @@ async fn secrets_never_show_in_logs_or_errors() {
             &["--log-format", format, "run"],
             &[
                 ("GS_OPS_TEST_TOKEN", TOKEN),
+                ("GS_OPS_SECRET_ROOT", ROOT),
                 ("RUST_LOG", "debug,lance=warn,datafusion=warn"),
             ],
         );
@@ -775,7 +780,11 @@ async fn secrets_never_show_in_logs_or_errors() {
             stderr.contains("sasl.passwd"),
             "the error names the property: {stderr}"
         );
-        for secret in [PASSWORD, TOKEN] {
+        assert!(
+            stdout.contains("graph root") && stdout.contains("<redacted>"),
+            "{stdout}"
+        );
+        for secret in [PASSWORD, TOKEN, ROOT] {
             assert!(
                 !stdout.contains(secret) && !stderr.contains(secret),
                 "{format}: {secret} shown:\n{stdout}\n{stderr}"

@@ -26,9 +26,12 @@ fn fmt_age(ms: i64) -> String {
 }
 
 pub(super) fn check(c: &CheckSummary) {
+    // The root is echoed config: a registered secret in it is masked.
     println!(
         "ok: {} mappings, {} types, graph root {}",
-        c.mappings, c.types, c.root
+        c.mappings,
+        c.types,
+        crate::redact::text(&c.root)
     );
 }
 
