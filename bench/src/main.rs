@@ -81,6 +81,10 @@ struct Args {
     /// (graphsink and both baselines); repeatable.
     #[arg(long = "consumer-prop", value_parser = parse_prop)]
     consumer_props: Vec<(String, String)>,
+    /// Extra librdkafka property KEY=VALUE for graphsink's dead-letter
+    /// producer (`[errors.producer]`); repeatable.
+    #[arg(long = "dead-letter-prop", value_parser = parse_prop)]
+    dead_letter_props: Vec<(String, String)>,
     /// Fraction of node records that are bad (reject storms): alternately
     /// a decode reject (`wrong_type`) and a validate reject (`range`). The
     /// direct load skips them (a JSON parse per record, only when > 0).
@@ -395,6 +399,7 @@ impl Run {
                 partitions: a.partitions,
             },
             consumer_props,
+            dead_letter_props: a.dead_letter_props.clone(),
             commit_every: Duration::from_millis(a.commit_interval_ms.max(1)),
             wal_flush: Duration::from_millis(a.wal_flush_ms.max(1)),
             coerce: a.coerce.clone(),
@@ -457,7 +462,7 @@ impl Run {
                 "value_bytes": a.value_bytes,
                 "partitions": a.partitions, "buckets": a.buckets, "fold_interval": a.fold_interval,
                 "direct_batch": a.direct_batch, "commit_interval_ms": a.commit_interval_ms, "wal_flush_ms": a.wal_flush_ms,
-                "consumer_props": t.consumer_props, "coerce": t.coerce, "bad_fraction": a.bad_fraction, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
+                "consumer_props": t.consumer_props, "dead_letter_props": t.dead_letter_props, "coerce": t.coerce, "bad_fraction": a.bad_fraction, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
             }),
             commit_sample_interval_ms: a.sample_ms,
             ..Default::default()

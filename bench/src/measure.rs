@@ -36,6 +36,9 @@ pub struct Target {
     /// Extra librdkafka properties for every measured consumer (graphsink
     /// and both baselines alike), e.g. `fetch.wait.max.ms`.
     pub consumer_props: Vec<(String, String)>,
+    /// Extra librdkafka properties for graphsink's dead-letter producer
+    /// (`[errors.producer]`), e.g. `linger.ms`.
+    pub dead_letter_props: Vec<(String, String)>,
     /// Offset commit cadence of graphsink (`offsets.commit_interval`) and
     /// of the bare loop alike.
     pub commit_every: std::time::Duration,
@@ -293,6 +296,9 @@ commit_interval = "{commit_ms}ms"
 [fold]
 {fold}
 
+[errors.producer]
+{dead_letter}
+
 [[mapping]]
 topic = "{topic}"
 node = "{node}"
@@ -315,6 +321,11 @@ coerce = "{coerce}"
             t.coerce
         )),
         coerce = t.coerce,
+        dead_letter = t
+            .dead_letter_props
+            .iter()
+            .map(|(k, v)| format!("{k:?} = {v:?}\n"))
+            .collect::<String>(),
         extra = t
             .consumer_props
             .iter()
