@@ -118,6 +118,20 @@ fn people(n: usize, from: usize) -> Vec<Rec> {
         .collect()
 }
 
+/// `graphsink fold` claims every shard: a connector running on the graph
+/// is fenced at its next write, which `then` (if any) makes.
+async fn fence_by_offline_fold(tg: &TestGraph, topic: &str, then: &[Rec]) {
+    let out = tg.cli(&["fold"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !then.is_empty() {
+        produce(topic, then).await;
+    }
+}
+
 /// `/ready` is false until the group is joined and true after; it reports
 /// a fencing (`graphsink fold` claims every shard) and recovers once a new
 /// run holds the shards again.
@@ -149,13 +163,7 @@ async fn ready_follows_the_group_join_and_a_fencing() {
     .await;
 
     // An offline fold fences the running writers; the run stops on it.
-    let out = tg.cli(&["fold"], &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    produce(topic, &people(4, 10)).await;
+    fence_by_offline_fold(&tg, topic, &people(4, 10)).await;
     let ended = tokio::time::timeout(Duration::from_secs(60), live.task)
         .await
         .expect("the fenced run stops")
@@ -229,13 +237,7 @@ async fn the_binary_serves_its_probes_and_reports_a_fencing_before_it_exits() {
     })
     .await;
 
-    let out = tg.cli(&["fold"], &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    produce(topic, &people(3, 5)).await;
+    fence_by_offline_fold(&tg, topic, &people(3, 5)).await;
     let body = await_ready(addr, "fenced", Duration::from_secs(60), |s, b| {
         s == 503 && b["fenced"] == json!(true)
     })
@@ -541,12 +543,7 @@ async fn prometheus_scrapes_offsets_rejects_and_folds() {
 
     // A fencing event, as an operator meets it: an offline fold claims the
     // shards, the run stops, and the still-served endpoint shows it.
-    let out = tg.cli(&["fold"], &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    fence_by_offline_fold(&tg, persons, &[]).await;
     let ended = tokio::time::timeout(Duration::from_secs(60), live.task)
         .await
         .expect("the fenced run stops")
