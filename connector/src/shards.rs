@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use arrow::array::{Array, Int32Array, RecordBatch, UInt32Array};
+use arrow::array::{Array, AsArray, Int32Array, RecordBatch, StringArray, UInt32Array};
 use lance::dataset::mem_wal::{
     evaluate_sharding_spec, BatchDurableWatcher, DatasetMemWalExt, FreezeFence, ShardManifestStore,
     ShardWriter, ShardWriterConfig,
@@ -101,6 +101,8 @@ pub struct TableShards {
     pub table: String,
     spec: ShardingSpec,
     lance_schema: lance_core::datatypes::Schema,
+    /// The primary-key column each put is sorted by (see `route`).
+    pk: Option<String>,
     pub shards: Vec<Shard>,
 }
 
@@ -188,6 +190,7 @@ impl ShardPool {
                 TableShards {
                     table: table.clone(),
                     spec,
+                    pk: single_pk(ds.schema()),
                     lance_schema: ds.schema().clone(),
                     shards,
                 },
@@ -301,7 +304,12 @@ impl PendingWrite {
 }
 
 impl TableShards {
-    /// Splits `batch` by `bucket(id, N)` as Lance computes it.
+    /// Splits `batch` by `bucket(id, N)` as Lance computes it, each part
+    /// sorted by its key. MemWAL indexes every put row by key (a skiplist,
+    /// a bloom filter, at flush a B-tree): inserting keys in order is the
+    /// cheapest way in (lance-memwal.md §12 measured ~40 % less CPU per
+    /// row). The sort is stable, so if a batch held one key twice its later
+    /// row would stay last and still win.
     pub fn route(&self, batch: &RecordBatch) -> Result<Vec<(usize, RecordBatch)>> {
         if batch.num_rows() == 0 {
             return Ok(vec![]);
@@ -313,10 +321,12 @@ impl TableShards {
             .as_any()
             .downcast_ref::<Int32Array>()
             .ok_or_else(|| Error::Corrupt("sharding spec did not yield Int32".into()))?;
-        if self.shards.len() == 1 {
-            return Ok(vec![(0, batch.clone())]);
-        }
-        split_by_bucket(batch, col, self.shards.len())
+        let keys = self
+            .pk
+            .as_deref()
+            .and_then(|pk| batch.column_by_name(pk))
+            .and_then(|c| c.as_string_opt::<i32>());
+        split_by_bucket(batch, col, self.shards.len(), keys)
     }
 
     /// Starts the WAL write of `batch` (rows) without waiting for durability.
@@ -351,12 +361,14 @@ impl TableShards {
     }
 }
 
-/// One pass over the bucket column collects each bucket's row indices; one
-/// `take` per non-empty bucket then builds its batch (rows keep their order).
+/// One pass over the bucket column collects each bucket's row indices,
+/// sorted (stably) by `keys` when given; one `take` per non-empty bucket
+/// then builds its batch. A part already in order is not copied.
 fn split_by_bucket(
     batch: &RecordBatch,
     buckets: &Int32Array,
     n: usize,
+    keys: Option<&StringArray>,
 ) -> Result<Vec<(usize, RecordBatch)>> {
     let mut rows: Vec<Vec<u32>> = vec![Vec::new(); n];
     for (i, b) in buckets.iter().enumerate() {
@@ -369,12 +381,31 @@ fn split_by_bucket(
     rows.into_iter()
         .enumerate()
         .filter(|(_, idx)| !idx.is_empty())
-        .map(|(b, idx)| {
+        .map(|(b, mut idx)| {
+            if let Some(k) = keys {
+                let key = |i: u32| k.value(i as usize);
+                if !idx.windows(2).all(|w| key(w[0]) <= key(w[1])) {
+                    idx.sort_by(|&x, &y| key(x).cmp(key(y)));
+                }
+            }
+            if idx.len() == batch.num_rows() && idx.iter().enumerate().all(|(i, &r)| r == i as u32)
+            {
+                return Ok((b, batch.clone()));
+            }
             let idx = UInt32Array::from(idx);
             let part = arrow::compute::take_record_batch(batch, &idx).ctx("split by bucket")?;
             Ok((b, part))
         })
         .collect()
+}
+
+/// The table's primary key column, when it is one string column (every
+/// graphsink table's is).
+fn single_pk(schema: &lance_core::datatypes::Schema) -> Option<String> {
+    match schema.unenforced_primary_key()[..] {
+        [f] if f.data_type() == arrow_schema::DataType::Utf8 => Some(f.name.clone()),
+        _ => None,
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -428,7 +459,7 @@ mod tests {
         let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false)]));
         let batch = RecordBatch::try_new(schema, vec![Arc::new(ids)]).unwrap();
         let buckets = Int32Array::from(vec![2, 0, 2, 2, 0]);
-        let parts = split_by_bucket(&batch, &buckets, 3).unwrap();
+        let parts = split_by_bucket(&batch, &buckets, 3, None).unwrap();
         let got: Vec<(usize, Vec<String>)> = parts
             .iter()
             .map(|(b, p)| {
@@ -444,7 +475,50 @@ mod tests {
             ]
         );
         // A bucket outside the shard count is corrupt state, not a panic.
-        assert!(split_by_bucket(&batch, &Int32Array::from(vec![0, 3, 0, 0, 0]), 3).is_err());
+        assert!(split_by_bucket(&batch, &Int32Array::from(vec![0, 3, 0, 0, 0]), 3, None).is_err());
+    }
+
+    #[test]
+    fn each_part_is_sorted_by_key_and_keeps_equal_keys_in_order() {
+        use arrow::array::{Int64Array, StringArray};
+        use arrow_schema::{DataType, Field, Schema};
+        let ids = StringArray::from(vec!["d", "b", "c", "a", "b", "e"]);
+        let seq = Int64Array::from(vec![0, 1, 2, 3, 4, 5]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new("seq", DataType::Int64, false),
+        ]));
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(ids.clone()), Arc::new(seq)]).unwrap();
+        let rows = |p: &RecordBatch| -> Vec<(String, i64)> {
+            let k = p.column(0).as_string::<i32>();
+            let s = p.column(1).as_primitive::<arrow::datatypes::Int64Type>();
+            (0..p.num_rows())
+                .map(|i| (k.value(i).to_string(), s.value(i)))
+                .collect()
+        };
+        let one = split_by_bucket(&batch, &Int32Array::from(vec![0; 6]), 1, Some(&ids)).unwrap();
+        assert_eq!(
+            rows(&one[0].1),
+            [("a", 3), ("b", 1), ("b", 4), ("c", 2), ("d", 0), ("e", 5)]
+                .map(|(k, s)| (k.to_string(), s))
+        );
+        let two = split_by_bucket(
+            &batch,
+            &Int32Array::from(vec![1, 0, 1, 1, 0, 0]),
+            2,
+            Some(&ids),
+        )
+        .unwrap();
+        assert_eq!(two[0].0, 0);
+        assert_eq!(
+            rows(&two[0].1),
+            [("b", 1), ("b", 4), ("e", 5)].map(|(k, s)| (k.to_string(), s))
+        );
+        assert_eq!(
+            rows(&two[1].1),
+            [("a", 3), ("c", 2), ("d", 0)].map(|(k, s)| (k.to_string(), s))
+        );
     }
 
     #[test]
