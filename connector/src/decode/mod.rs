@@ -420,7 +420,10 @@ impl RecordDecoder {
                 .expect("id is the first column")
                 .clone()
         });
-        let mut last: HashMap<&str, usize> = HashMap::new();
+        // foldhash, not SipHash: one probe per record on the hot path, keys
+        // from the poll itself.
+        let mut last: HashMap<&str, usize, foldhash::fast::RandomState> =
+            HashMap::with_capacity_and_hasher(up_idx.len() + del_idx.len(), Default::default());
         if let Some(ids) = &up_ids {
             for (i, &r) in up_idx.iter().enumerate() {
                 let e = last.entry(ids.value(i)).or_insert(r);
