@@ -366,6 +366,82 @@ async fn a_fold_reject_under_tolerance_none_publishes_nothing() {
     assert!(read_topic(&tg.dlq, 1, Duration::from_secs(3)).is_empty());
 }
 
+/// `@card(0..2)` and `@unique(src, dst)` over committed edges of many
+/// `src`s: the fold reads only the committed edges whose `src` one of its
+/// candidates names (docs/fold-size.md), and that must include the `src`
+/// of a deferred edge that resolves in a later fold with no other edge of
+/// that `src` in it, and the old `src` of a moved edge may be left out.
+#[tokio::test]
+async fn card_and_unique_read_every_committed_edge_a_candidate_can_meet() {
+    crate::init_logs();
+    let tg = TestGraph::on(
+        Backend::Local,
+        "node Person { name: String @key }\nedge Tie: Person -> Person @card(0..2) {\n    @unique(src, dst)\n}",
+        &["node = \"Person\"", "edge = \"Tie\"\nkey = \"kafka\""],
+        "",
+    );
+    let (people, ties) = (&tg.topics[0], &tg.topics[1]);
+    create_topic(people, 1).await;
+    create_topic(ties, 1).await;
+    let p = |n: &str| rec(0, None, Some(json!({"name": n})));
+    let t = |id: &str, s: &str, d: &str| rec(0, Some(id), Some(json!({"src": s, "dst": d})));
+    produce(people, &["a", "b", "c", "d", "e", "f"].map(p)).await;
+    produce(
+        ties,
+        &[
+            t("t1", "a", "b"),
+            t("t2", "a", "c"),
+            t("t3", "d", "e"),
+            t("t4", "f", "e"),
+            t("t11", "c", "d"),
+            t("t12", "c", "e"),
+        ],
+    )
+    .await;
+    try_run_to_end(&tg).await.expect("first run");
+    assert_eq!(tg.rows("edges/Tie").await.len(), 6);
+
+    // t5: a is full. t6: (d, e) is t3's. t4 moves from f (no candidate
+    // names f) to b, and t7 gives b its second. t8 waits for z.
+    produce(
+        ties,
+        &[
+            t("t5", "a", "d"),
+            t("t6", "d", "e"),
+            t("t4", "b", "e"),
+            t("t7", "b", "f"),
+            t("t8", "c", "z"),
+        ],
+    )
+    .await;
+    try_run_to_end(&tg).await.expect("second run");
+    // Only z arrives: t8 resolves in a fold whose only `Tie` candidate it
+    // is, and c already has two.
+    produce(people, &[p("z")]).await;
+    try_run_to_end(&tg).await.expect("third run");
+
+    let edges = tg.rows("edges/Tie").await;
+    assert_eq!(keys(&edges), ["t1", "t11", "t12", "t2", "t3", "t4", "t7"]);
+    assert_eq!(edges["t4"]["src"], "b");
+    let codes: BTreeMap<String, String> = rejects_at_head(&tg)
+        .await
+        .iter()
+        .map(|r| {
+            let row: Value = serde_json::from_str(r["row"].as_str().unwrap()).unwrap();
+            let id = row["id"].as_str().unwrap().to_string();
+            (id, r["code"].as_str().unwrap().to_string())
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        BTreeMap::from([
+            ("t5".to_string(), "cardinality".to_string()),
+            ("t6".to_string(), "unique".to_string()),
+            ("t8".to_string(), "cardinality".to_string()),
+        ]),
+    );
+}
+
 crate::on_every_backend!(
     edges_wait_for_their_endpoints_until_the_deadline,
     card_and_unique_are_checked_against_committed_rows,

@@ -5,6 +5,7 @@
 //! hash set, so memory follows the fold, and a base row costs a hash probe
 //! and no allocation (BENCHMARKS.md, "Fold cost against graph size").
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, Hash, Hasher};
 
@@ -48,9 +49,12 @@ pub(crate) struct Link {
 pub(crate) struct CardBase {
     /// Committed edges per `src`, for every `src` of the fold's candidate
     /// edges and of the committed edges it rewrites or deletes (absent: 0).
+    /// Under `narrowing`, only the candidates' `src`s: no other count is
+    /// read then.
     pub count: HashMap<String, u64>,
     /// The `src` of each committed edge among the fold's candidates, its
-    /// deletes and the edges that touch a node it deletes.
+    /// deletes and the edges that touch a node it deletes; under
+    /// `narrowing`, of those whose `src` a candidate names.
     pub src_of: HashMap<String, String>,
 }
 
@@ -200,8 +204,20 @@ impl ViewReader<'_> {
             let mut seen = HashSet::new();
             cols.retain(|c| seen.insert(c.clone()));
             let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
+            let narrow = narrowing(ty, ends, touch.is_some(), &cands)?;
             if touch.is_some() || card.is_some() || unique.is_some() {
                 scan_each(&ds, &cols, |b| {
+                    let kept;
+                    let b = match &narrow {
+                        Some(srcs) => match rows_of(b, srcs)? {
+                            Some(k) => {
+                                kept = k;
+                                &*kept
+                            }
+                            None => return Ok(()),
+                        },
+                        None => b,
+                    };
                     let hit = match &mut touch {
                         Some(t) => t.batch(b)?,
                         None => vec![],
@@ -243,6 +259,53 @@ impl ViewReader<'_> {
         }
         Ok(())
     }
+}
+
+/// The `src`s the edge scan can keep to, or `None` to probe every row.
+/// When the fold deletes no node, `@card` has no minimum and every
+/// `@unique` names `src`, only committed edges whose `src` a candidate
+/// names can change a check: `@card` counts just those `src`s (a
+/// rewritten or deleted edge elsewhere only lowers a count that has no
+/// floor), and a tuple a candidate claims has the candidate's `src`. One
+/// probe of `src` then skips every other row, instead of a probe per
+/// column per row (the scan of a 10M-edge table: BENCHMARKS.md).
+fn narrowing(
+    ty: &GraphType,
+    ends: &EdgeEnds,
+    touched: bool,
+    cands: &[&RecordBatch],
+) -> Result<Option<FastSet<String>>> {
+    let uniques_name_src = ty
+        .constraints
+        .uniques
+        .iter()
+        .all(|u| u.iter().any(|c| c == "src"));
+    if touched || ends.card_min > 0 || !uniques_name_src {
+        return Ok(None);
+    }
+    let mut srcs = FastSet::default();
+    for rows in cands {
+        srcs.extend(strings(rows, "src")?.iter().flatten().map(str::to_string));
+    }
+    Ok(Some(srcs))
+}
+
+/// The rows of `b` whose `src` is in `srcs` (`b` itself when all are),
+/// or `None` when none is.
+fn rows_of<'a>(b: &'a RecordBatch, srcs: &FastSet<String>) -> Result<Option<Cow<'a, RecordBatch>>> {
+    let src = strings(b, "src")?;
+    let idx: UInt32Array = (0..b.num_rows())
+        .filter(|&i| src.is_valid(i) && srcs.contains(src.value(i)))
+        .map(|i| i as u32)
+        .collect();
+    if idx.is_empty() {
+        return Ok(None);
+    }
+    if idx.len() == b.num_rows() {
+        return Ok(Some(Cow::Borrowed(b)));
+    }
+    let kept = arrow::compute::take_record_batch(b, &idx).ctx("edges of the fold's srcs")?;
+    Ok(Some(Cow::Owned(kept)))
 }
 
 pub(super) fn no_ends(ty: &GraphType) -> Error {
