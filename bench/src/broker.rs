@@ -47,6 +47,11 @@ impl Broker {
         })
     }
 
+    /// tansu's pid (None for an external broker), for its CPU time.
+    pub fn pid(&self) -> Option<u32> {
+        self._tansu.as_ref().map(Tansu::pid)
+    }
+
     pub async fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), BoxError> {
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)

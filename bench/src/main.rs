@@ -20,6 +20,7 @@ mod s3;
 mod sink;
 mod size;
 mod storage;
+mod threads;
 mod workload;
 
 use std::path::{Path, PathBuf};
@@ -378,6 +379,8 @@ struct Run {
     /// Unique per run, so reruns against a shared broker never read old data.
     run_id: String,
     every: Duration,
+    /// The broker's pid when the bench started it (its CPU is reported).
+    broker_pid: Option<u32>,
 }
 
 impl Run {
@@ -432,6 +435,7 @@ impl Run {
             edges,
             run_id,
             every: Duration::from_millis(a.sample_ms),
+            broker_pid: broker.pid(),
         })
     }
 
@@ -555,9 +559,11 @@ impl Run {
     ) -> Result<(), BoxError> {
         eprintln!("graphsink over the backlog ...");
         let cpu = SelfCpu::start();
+        let threads = threads::ThreadCpu::start(self.broker_pid);
         let cfg = self.graphsink_config(a, dir)?;
         let gs = sink::backlog(&self.t, cfg.clone(), ends, self.every).await?;
         r.graphsink_cpu_cores = cpu.cores();
+        r.graphsink_threads = threads.finish();
         r.graphsink_records_per_s = gs.timed_records as f64 / gs.secs;
         r.graphsink_timed_records = gs.timed_records;
         r.graphsink_secs = gs.secs;

@@ -37,6 +37,8 @@ pub struct Report {
     pub graphsink_run_loop: crate::sink::LoopTimes,
     /// The bench process's CPU over the backlog phase, in cores.
     pub graphsink_cpu_cores: Option<f64>,
+    /// CPU per thread group (and the broker's) over the backlog phase.
+    pub graphsink_threads: Vec<crate::threads::GroupCpu>,
     pub graphsink_nofold_records_per_s: f64,
     pub graphsink_nofold_peak_rss_mib: Option<f64>,
     pub fold_peak_rss_mib: Option<f64>,
@@ -174,9 +176,20 @@ impl Report {
         );
         let l = &self.graphsink_run_loop;
         println!(
-            "  (run loop: {} polls of {:.0} records; in polls {:.2} s, of which decode {:.2} s, puts {:.2} s; {} rejected)",
-            l.polls, l.records_per_poll, l.poll_secs, l.decode_secs, l.put_secs, l.rejected
+            "  (run loop: {} polls of {:.0} records; in polls {:.2} s, of which take {:.2} s, decode {:.2} s, puts {:.2} s, rejects {:.2} s; {} rejected)",
+            l.polls, l.records_per_poll, l.poll_secs, l.take_secs, l.decode_secs, l.put_secs, l.reject_secs, l.rejected
         );
+        let n = self.graphsink_timed_records.max(1) as f64;
+        for g in &self.graphsink_threads {
+            println!(
+                "  (cpu: {:<28} {:>3} threads {:>6.2} s = {:>5.2} µs/record; waited for a cpu {:.2} s)",
+                g.group,
+                g.threads,
+                g.cpu_secs,
+                g.cpu_secs * 1e6 / n,
+                g.wait_secs
+            );
+        }
         row(
             "graphsink, folding off",
             self.graphsink_nofold_records_per_s,

@@ -39,6 +39,9 @@ pub struct LoopTimes {
     pub decode_secs: f64,
     /// Handing rows to the shard writers (memtable inserts).
     pub put_secs: f64,
+    /// Taking records from the consumer; putting rejects into their WAL.
+    pub take_secs: f64,
+    pub reject_secs: f64,
     /// Records rejected before the WAL (decode, validate).
     pub rejected: u64,
 }
@@ -53,6 +56,8 @@ impl LoopTimes {
             poll_secs: get(&stats.poll_ns) as f64 / 1e9,
             decode_secs: get(&stats.decode_ns) as f64 / 1e9,
             put_secs: get(&stats.put_ns) as f64 / 1e9,
+            take_secs: get(&stats.take_ns) as f64 / 1e9,
+            reject_secs: get(&stats.reject_ns) as f64 / 1e9,
             rejected: get(&stats.rejected),
         }
     }

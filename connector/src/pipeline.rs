@@ -70,6 +70,10 @@ pub struct RunStats {
     pub poll_ns: AtomicU64,
     pub decode_ns: AtomicU64,
     pub put_ns: AtomicU64,
+    /// Of the poll time: taking the records from the consumer, and putting
+    /// the poll's rejects into the rejects WAL.
+    pub take_ns: AtomicU64,
+    pub reject_ns: AtomicU64,
 }
 
 fn nanos(since: std::time::Instant) -> u64 {
@@ -542,6 +546,9 @@ impl RunLoop<'_> {
     ) -> Result<AckFuture> {
         let started = std::time::Instant::now();
         let msgs = take_poll(kafka, first, self.config.wal.max_poll_records);
+        self.stats
+            .take_ns
+            .fetch_add(nanos(started), Ordering::Relaxed);
         let mut by_topic: BTreeMap<&str, Vec<SourceRecord>> = BTreeMap::new();
         let mut seen = PollSpans::default();
         // Per partition: records, key + value bytes, newest offset.
@@ -606,7 +613,9 @@ impl RunLoop<'_> {
             }
         }
         if !rejects.is_empty() {
+            let t = std::time::Instant::now();
             writes.extend(self.write_rejects(&rejects).await?);
+            self.stats.reject_ns.fetch_add(nanos(t), Ordering::Relaxed);
         }
         self.summary.records += msgs.len() as u64;
         let st = &self.stats;
