@@ -5,11 +5,13 @@
 //! hash set, so memory follows the fold, and a base row costs a hash probe
 //! and no allocation (BENCHMARKS.md, "Fold cost against graph size").
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, Hash, Hasher};
 
-use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array};
+use arrow::datatypes::UInt64Type;
+use futures::TryStreamExt;
+use lance::dataset::ProjectionRequest;
 
 use super::unique::tuples;
 use crate::error::{Context, Error, Result};
@@ -205,32 +207,36 @@ impl ViewReader<'_> {
             cols.retain(|c| seen.insert(c.clone()));
             let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
             let narrow = narrowing(ty, ends, touch.is_some(), &cands)?;
-            if touch.is_some() || card.is_some() || unique.is_some() {
-                scan_each(&ds, &cols, |b| {
-                    let kept;
-                    let b = match &narrow {
-                        Some(srcs) => match rows_of(b, srcs)? {
-                            Some(k) => {
-                                kept = k;
-                                &*kept
-                            }
-                            None => return Ok(()),
-                        },
-                        None => b,
-                    };
-                    let hit = match &mut touch {
-                        Some(t) => t.batch(b)?,
-                        None => vec![],
-                    };
-                    if let Some(c) = &mut card {
-                        c.batch(b, &hit)?;
+            let mut feed = |b: &RecordBatch| -> Result<()> {
+                let hit = match &mut touch {
+                    Some(t) => t.batch(b)?,
+                    None => vec![],
+                };
+                if let Some(c) = &mut card {
+                    c.batch(b, &hit)?;
+                }
+                if let Some(u) = &mut unique {
+                    u.batch(b)?;
+                }
+                Ok(())
+            };
+            match &narrow {
+                _ if !(touched || carded || uniques) => {}
+                // Narrowed: `src` alone is scanned, and only the rows of the
+                // fold's srcs are read whole (one string column decoded per
+                // committed edge instead of three).
+                Some(srcs) => {
+                    let ids = row_ids_of(&ds, srcs).await?;
+                    if !ids.is_empty() {
+                        let proj = ProjectionRequest::from_columns(cols.iter(), ds.schema());
+                        let rows = ds
+                            .take_rows(&ids, proj)
+                            .await
+                            .ctx("read the committed edges of the fold's srcs")?;
+                        feed(&rows)?;
                     }
-                    if let Some(u) = &mut unique {
-                        u.batch(b)?;
-                    }
-                    Ok(())
-                })
-                .await?;
+                }
+                None => scan_each(&ds, &cols, feed).await?,
             }
             if let Some(t) = touch {
                 self.view.links.insert(ty.table.clone(), t.links);
@@ -290,22 +296,34 @@ fn narrowing(
     Ok(Some(srcs))
 }
 
-/// The rows of `b` whose `src` is in `srcs` (`b` itself when all are),
-/// or `None` when none is.
-fn rows_of<'a>(b: &'a RecordBatch, srcs: &FastSet<String>) -> Result<Option<Cow<'a, RecordBatch>>> {
-    let src = strings(b, "src")?;
-    let idx: UInt32Array = (0..b.num_rows())
-        .filter(|&i| src.is_valid(i) && srcs.contains(src.value(i)))
-        .map(|i| i as u32)
-        .collect();
-    if idx.is_empty() {
-        return Ok(None);
+/// The row ids of the committed edges whose `src` is in `srcs`: a scan of
+/// `src` alone.
+async fn row_ids_of(ds: &lance::Dataset, srcs: &FastSet<String>) -> Result<Vec<u64>> {
+    let what = || format!("scan {} for the fold's srcs", ds.uri());
+    let mut scan = ds.scan();
+    scan.project(&["src"]).ctx(what())?;
+    scan.with_row_id();
+    let mut stream = scan.try_into_stream().await.ctx(what())?;
+    let mut ids = Vec::new();
+    while let Some(b) = stream.try_next().await.ctx(what())? {
+        let src = strings(&b, "src")?;
+        let rid = b
+            .column_by_name(lance_core::ROW_ID)
+            .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+            .ok_or_else(|| {
+                Error::Corrupt(format!(
+                    "{}: a scan with row ids has no {}",
+                    ds.uri(),
+                    lance_core::ROW_ID
+                ))
+            })?;
+        ids.extend(
+            (0..b.num_rows())
+                .filter(|&i| src.is_valid(i) && srcs.contains(src.value(i)))
+                .map(|i| rid.value(i)),
+        );
     }
-    if idx.len() == b.num_rows() {
-        return Ok(Some(Cow::Borrowed(b)));
-    }
-    let kept = arrow::compute::take_record_batch(b, &idx).ctx("edges of the fold's srcs")?;
-    Ok(Some(Cow::Owned(kept)))
+    Ok(ids)
 }
 
 pub(super) fn no_ends(ty: &GraphType) -> Error {
