@@ -206,7 +206,6 @@ impl ViewReader<'_> {
             let mut seen = HashSet::new();
             cols.retain(|c| seen.insert(c.clone()));
             let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
-            let narrow = narrowing(ty, ends, touch.is_some(), &cands)?;
             let mut feed = |b: &RecordBatch| -> Result<()> {
                 let hit = match &mut touch {
                     Some(t) => t.batch(b)?,
@@ -220,13 +219,17 @@ impl ViewReader<'_> {
                 }
                 Ok(())
             };
-            match &narrow {
-                _ if !(touched || carded || uniques) => {}
+            let needed = touched || carded || uniques;
+            match needed
+                .then(|| narrowing(ty, ends, touched, &cands))
+                .transpose()?
+            {
+                None => {}
                 // Narrowed: `src` alone is scanned, and only the rows of the
                 // fold's srcs are read whole (one string column decoded per
                 // committed edge instead of three).
-                Some(srcs) => {
-                    let ids = row_ids_of(&ds, srcs).await?;
+                Some(Some(srcs)) => {
+                    let ids = row_ids_of(&ds, &srcs).await?;
                     if !ids.is_empty() {
                         let proj = ProjectionRequest::from_columns(cols.iter(), ds.schema());
                         let rows = ds
@@ -236,7 +239,7 @@ impl ViewReader<'_> {
                         feed(&rows)?;
                     }
                 }
-                None => scan_each(&ds, &cols, feed).await?,
+                Some(None) => scan_each(&ds, &cols, feed).await?,
             }
             if let Some(t) = touch {
                 self.view.links.insert(ty.table.clone(), t.links);
