@@ -146,6 +146,12 @@ struct Args {
     /// its WAL entry to be durable.
     #[arg(long, default_value_t = 20)]
     wal_flush_ms: u64,
+    /// graphsink's `runtime.background_nice`: how many nice levels the
+    /// runtime's workers and blocking pool run below the main thread, which
+    /// runs every phase's consume loop (0: off). Every phase shares the
+    /// runtime, so the baselines run with it too.
+    #[arg(long, default_value_t = graphsink::RuntimeSettings::default().background_nice)]
+    background_nice: i32,
     /// Internal: fold the graph of this config once and print the cost as
     /// JSON (the fold-cost phase runs it as a child process).
     #[arg(long, hide = true)]
@@ -181,15 +187,21 @@ struct Args {
     s3_count_proxy: bool,
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = run(Args::parse()).await {
+    let args = Args::parse();
+    // graphsink's own runtime, so its run loop sits where `graphsink run`
+    // puts it: on the main thread, above the workers.
+    let settings = graphsink::RuntimeSettings {
+        background_nice: args.background_nice,
+    };
+    let rt = graphsink::build_runtime(&settings).expect("tokio runtime");
+    if let Err(e) = rt.block_on(run(args)) {
         eprintln!("graphsink-bench: error: {e}");
         std::process::exit(1);
     }
@@ -465,7 +477,7 @@ impl Run {
                 "keys": shape.keys, "edge_keys": if self.has_edges() { shape.edge_keys } else { 0 },
                 "value_bytes": a.value_bytes,
                 "partitions": a.partitions, "buckets": a.buckets, "fold_interval": a.fold_interval,
-                "direct_batch": a.direct_batch, "commit_interval_ms": a.commit_interval_ms, "wal_flush_ms": a.wal_flush_ms,
+                "direct_batch": a.direct_batch, "commit_interval_ms": a.commit_interval_ms, "wal_flush_ms": a.wal_flush_ms, "background_nice": a.background_nice,
                 "consumer_props": t.consumer_props, "dead_letter_props": t.dead_letter_props, "coerce": t.coerce, "bad_fraction": a.bad_fraction, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
             }),
             commit_sample_interval_ms: a.sample_ms,
@@ -569,6 +581,7 @@ impl Run {
         r.graphsink_secs = gs.secs;
         r.graphsink_commits_published = gs.published.seen.len();
         r.graphsink_peak_rss_mib = gs.peak_rss_mib;
+        r.graphsink_start_rss_mib = gs.start_rss_mib;
         r.graphsink_run_loop = gs.run_loop.clone();
         self.expected_rows(a, r);
         r.graph_rows = check_rows(&cfg, "", r).await?;

@@ -34,6 +34,9 @@ pub struct Report {
     pub graphsink_timed_records: u64,
     pub graphsink_commits_published: usize,
     pub graphsink_peak_rss_mib: Option<f64>,
+    /// The process's RSS when the graphsink phase started (left by the
+    /// phases before it; the peak includes it).
+    pub graphsink_start_rss_mib: Option<f64>,
     pub graphsink_run_loop: crate::sink::LoopTimes,
     /// The bench process's CPU over the backlog phase, in cores.
     pub graphsink_cpu_cores: Option<f64>,
@@ -174,10 +177,13 @@ impl Report {
             "  ({} records timed in {:.2} s, {} graph commits published)",
             self.graphsink_timed_records, self.graphsink_secs, self.graphsink_commits_published
         );
+        if let Some(start) = self.graphsink_start_rss_mib {
+            println!("  (RSS at the phase's start, left by the phases before: {start:.0} MiB)");
+        }
         let l = &self.graphsink_run_loop;
         println!(
-            "  (run loop: {} polls of {:.0} records; in polls {:.2} s, of which take {:.2} s, decode {:.2} s, puts {:.2} s, rejects {:.2} s; {} rejected)",
-            l.polls, l.records_per_poll, l.poll_secs, l.take_secs, l.decode_secs, l.put_secs, l.reject_secs, l.rejected
+            "  (run loop: {} polls of {:.0} records; in polls {:.2} s, of which take {:.2} s, decode {:.2} s, puts {:.2} s, rejects {:.2} s; window full {:.2} s, freeze cuts {:.2} s; {} rejected)",
+            l.polls, l.records_per_poll, l.poll_secs, l.take_secs, l.decode_secs, l.put_secs, l.reject_secs, l.window_full_secs, l.cut_secs, l.rejected
         );
         let n = self.graphsink_timed_records.max(1) as f64;
         for g in &self.graphsink_threads {

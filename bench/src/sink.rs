@@ -24,6 +24,9 @@ pub struct BacklogRun {
     pub secs: f64,
     pub published: Published,
     pub peak_rss_mib: Option<f64>,
+    /// RSS when the phase started: what the phases before it left behind
+    /// in this process (the peak includes it).
+    pub start_rss_mib: Option<f64>,
     pub run_loop: LoopTimes,
     /// Ingest sessions restarted after a passing storage failure.
     pub restarts: u64,
@@ -42,6 +45,10 @@ pub struct LoopTimes {
     /// Taking records from the consumer; putting rejects into their WAL.
     pub take_secs: f64,
     pub reject_secs: f64,
+    /// Outside polls: the in-flight window full (waiting for an ack), and
+    /// the fold's freeze cuts.
+    pub window_full_secs: f64,
+    pub cut_secs: f64,
     /// Records rejected before the WAL (decode, validate).
     pub rejected: u64,
 }
@@ -58,6 +65,8 @@ impl LoopTimes {
             put_secs: get(&stats.put_ns) as f64 / 1e9,
             take_secs: get(&stats.take_ns) as f64 / 1e9,
             reject_secs: get(&stats.reject_ns) as f64 / 1e9,
+            window_full_secs: get(&stats.window_full_ns) as f64 / 1e9,
+            cut_secs: get(&stats.cut_ns) as f64 / 1e9,
             rejected: get(&stats.rejected),
         }
     }
@@ -73,6 +82,7 @@ pub async fn backlog(
     every: Duration,
 ) -> Result<BacklogRun, BoxError> {
     measure::reset_peak_rss();
+    let start_rss_mib = measure::rss_mib();
     let group = cfg.kafka["group.id"].clone();
     let stats = Arc::new(RunStats::default());
     let (tx, rx) = watch::channel(None);
@@ -100,6 +110,7 @@ pub async fn backlog(
         secs: (end - first) / 1e3,
         published,
         peak_rss_mib,
+        start_rss_mib,
         run_loop: LoopTimes::of(&stats),
         restarts: stats.restarts.load(Ordering::Relaxed),
     })

@@ -33,6 +33,8 @@ pub struct Config {
     pub http: HttpSettings,
     #[serde(default)]
     pub log: LogSettings,
+    #[serde(default)]
+    pub runtime: RuntimeSettings,
     /// One entry per topic.
     #[serde(default, rename = "mapping")]
     pub mappings: Vec<Mapping>,
@@ -53,6 +55,7 @@ impl std::fmt::Debug for Config {
             .field("retention", &self.retention)
             .field("http", &self.http)
             .field("log", &self.log)
+            .field("runtime", &self.runtime)
             .field("mappings", &self.mappings)
             .field("base_dir", &self.base_dir)
             .finish()
@@ -96,6 +99,43 @@ pub struct LogSettings {
     /// overrides it).
     #[serde(default)]
     pub format: LogFormat,
+}
+
+/// The process's threads (`graphsink run` only).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSettings {
+    /// Nice value (0..=19) of the async workers and the blocking pool:
+    /// MemWAL index apply, WAL and flush writes, the fold. The run loop
+    /// (take, decode, put) stays on the main thread at the process's own
+    /// priority, so bursts of background work do not keep it from a core
+    /// (docs/thread-priority.md). 0 turns it off. Linux only.
+    #[serde(default = "default_background_nice")]
+    pub background_nice: i32,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        RuntimeSettings {
+            background_nice: default_background_nice(),
+        }
+    }
+}
+
+fn default_background_nice() -> i32 {
+    10
+}
+
+impl RuntimeSettings {
+    fn validate(&self) -> Result<()> {
+        if !(0..=19).contains(&self.background_nice) {
+            return Err(Error::config(format!(
+                "runtime.background_nice must be 0..=19 (higher is lower priority), not {}",
+                self.background_nice
+            )));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
@@ -519,6 +559,19 @@ impl Config {
         format.try_into().ok()
     }
 
+    /// `[runtime]` of a config file, read before the runtime is built;
+    /// the defaults when it cannot be read (the full load then says why).
+    pub fn runtime_of(path: &Path) -> RuntimeSettings {
+        let read = || -> Option<RuntimeSettings> {
+            let text = std::fs::read_to_string(path).ok()?;
+            let value: toml::Value = toml::from_str(&text).ok()?;
+            let settings: RuntimeSettings = value.get("runtime")?.clone().try_into().ok()?;
+            settings.validate().ok()?;
+            Some(settings)
+        };
+        read().unwrap_or_default()
+    }
+
     /// Reads, expands `${VAR}` in string values, parses and validates.
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
@@ -564,6 +617,7 @@ impl Config {
         self.validate_root()?;
         self.validate_kafka()?;
         self.validate_wal()?;
+        self.runtime.validate()?;
         if self.mappings.is_empty() {
             return Err(Error::config("at least one [[mapping]] is required"));
         }
@@ -1006,6 +1060,29 @@ node = "Person"
         assert_eq!(c.mappings[0].unknown_fields, UnknownFields::Reject);
         assert_eq!(c.errors.tolerance, Tolerance::All);
         assert_eq!(c.dead_letter_topic("people"), "graphsink-dead-letters");
+    }
+
+    /// `[runtime]` is read twice: before the runtime exists (`runtime_of`,
+    /// which falls back to the defaults) and in the full load (which refuses
+    /// a bad value, so a typo is not silently the default).
+    #[test]
+    fn runtime_settings_default_read_early_and_refuse_out_of_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.toml");
+        assert_eq!(
+            Config::runtime_of(&path).background_nice,
+            10,
+            "unreadable: default"
+        );
+        std::fs::write(&path, format!("{MIN}\n[runtime]\nbackground_nice = 0\n")).unwrap();
+        assert_eq!(Config::runtime_of(&path).background_nice, 0);
+        let c = Config::load(&path).unwrap();
+        assert_eq!(c.runtime.background_nice, 0);
+        let bad = format!("{MIN}\n[runtime]\nbackground_nice = 20\n");
+        let e = Config::from_toml(&bad, Path::new("/")).unwrap_err();
+        assert!(e.to_string().contains("runtime.background_nice"), "{e}");
+        std::fs::write(&path, bad).unwrap();
+        assert_eq!(Config::runtime_of(&path).background_nice, 10);
     }
 
     #[test]

@@ -14,6 +14,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("failpoints", 0),
     ("config", 0),
     ("redact", 0),
+    ("runtime", 1),
     ("metrics", 0),
     ("http", 1),
     ("schema", 1),

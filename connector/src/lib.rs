@@ -28,6 +28,7 @@ mod query;
 mod redact;
 mod rejects;
 mod retention;
+mod runtime;
 mod schema;
 mod shards;
 mod store;
@@ -40,7 +41,7 @@ pub use cli::main as cli_main;
 pub use config::{
     Coerce, Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings,
     HttpSettings, KeyOrigin, KeySource, LogFormat, LogSettings, Mapping, OffsetSettings,
-    RetentionSettings, StorageOptions, Tolerance, UnknownFields, WalSettings,
+    RetentionSettings, RuntimeSettings, StorageOptions, Tolerance, UnknownFields, WalSettings,
 };
 pub use error::{Error, ErrorKind, Result};
 /// Reading a graph: its commits, and each table at the version a commit pins.
@@ -68,6 +69,7 @@ pub use query::{check, commits, fold_offline, gc, snapshot, CheckSummary, Snapsh
 pub use rejects::{Reject, RejectCode, Stage};
 /// What retention removed, and storage per table.
 pub use retention::{GcReport, Removed, TableGc, TableStorage};
+pub use runtime::build as build_runtime;
 pub use schema::GraphSchema;
 pub use store::Store;
 pub use types::{now_ms, OffsetRange, TopicPartition};

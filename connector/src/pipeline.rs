@@ -74,6 +74,10 @@ pub struct RunStats {
     /// the poll's rejects into the rejects WAL.
     pub take_ns: AtomicU64,
     pub reject_ns: AtomicU64,
+    /// Outside polls: time with the in-flight window full (no fetching
+    /// until an ack), and in the fold's freeze cuts.
+    pub window_full_ns: AtomicU64,
+    pub cut_ns: AtomicU64,
 }
 
 fn nanos(since: std::time::Instant) -> u64 {
@@ -490,6 +494,7 @@ impl RunLoop<'_> {
         let mut stall_check = tokio::time::interval(Duration::from_secs(1));
         stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let max_in_flight = self.config.wal.max_in_flight_polls;
+        let mut full_since: Option<std::time::Instant> = None;
         loop {
             // Priority: shutdown, then control (fold loop, rebalance, acks),
             // then data, then timers.
@@ -498,9 +503,16 @@ impl RunLoop<'_> {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
                 joined = &mut fold.handle => return fold.ended(joined),
-                Some(req) = fold.cuts.recv() => self.cut(req).await,
+                Some(req) = fold.cuts.recv() => {
+                    let t = std::time::Instant::now();
+                    self.cut(req).await;
+                    self.stats.cut_ns.fetch_add(nanos(t), Ordering::Relaxed);
+                }
                 Some(ev) = self.events.recv() => self.on_group_event(ev),
                 Some(ack) = self.in_flight.next(), if !self.in_flight.is_empty() => {
+                    if let Some(t) = full_since.take() {
+                        self.stats.window_full_ns.fetch_add(nanos(t), Ordering::Relaxed);
+                    }
                     self.on_ack(ack?);
                 }
                 _ = sleep_until(self.breaker.paused_until), if self.breaker.paused_until.is_some() => {
@@ -515,6 +527,9 @@ impl RunLoop<'_> {
                             let ack = self.process_poll(kafka, first).await?;
                             self.in_flight.push_back(ack);
                             self.metrics.polls_in_flight(self.in_flight.len());
+                            if self.in_flight.len() >= max_in_flight {
+                                full_since = Some(std::time::Instant::now());
+                            }
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "consumer error; librdkafka retries");

@@ -145,7 +145,12 @@ pub fn main() -> ExitCode {
         .or_else(|| Config::log_format_of(cli.command.config()))
         .unwrap_or_default();
     init_tracing(format);
-    let rt = match tokio::runtime::Runtime::new() {
+    // Only `run` has a critical path to protect (crate::runtime).
+    let settings = match &cli.command {
+        Command::Run { config, .. } => Config::runtime_of(config),
+        _ => crate::config::RuntimeSettings { background_nice: 0 },
+    };
+    let rt = match crate::runtime::build(&settings) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("graphsink: error: cannot start runtime: {e}");
