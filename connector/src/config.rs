@@ -105,8 +105,9 @@ pub struct LogSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeSettings {
-    /// Nice value (0..=19) of the async workers and the blocking pool:
-    /// MemWAL index apply, WAL and flush writes, the fold. The run loop
+    /// Nice levels (0..=19) by which the async workers and the blocking
+    /// pool run below the main thread (capped at nice 19): MemWAL index
+    /// apply, WAL and flush writes, the fold. The run loop
     /// (take, decode, put) stays on the main thread at the process's own
     /// priority, so bursts of background work do not keep it from a core
     /// (docs/thread-priority.md). 0 turns it off. Linux only.
