@@ -108,7 +108,7 @@ async fn write_records(
             timestamp: None,
             key: None,
             value: Some(v.as_bytes()),
-            headers: None,
+            message: None,
         })
         .collect();
     let decoded = decoder.decode(&recs)?;

@@ -184,7 +184,7 @@ impl Writer {
                 timestamp: None,
                 key: (!key.is_empty()).then_some(key.as_bytes()),
                 value: Some(v.as_bytes()),
-                headers: None,
+                message: None,
             })
             .collect();
         self.offset += recs.len() as i64;

@@ -150,7 +150,7 @@ async fn write(
             timestamp: None,
             key: None,
             value: Some(v.as_bytes()),
-            headers: None,
+            message: None,
         })
         .collect();
     let decoded = decoder.decode(&recs)?;

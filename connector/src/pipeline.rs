@@ -578,7 +578,7 @@ impl RunLoop<'_> {
                 timestamp: m.timestamp().to_millis(),
                 key: m.key(),
                 value: m.payload(),
-                headers: m.headers(),
+                message: Some(m),
             };
             seen.record(r.topic, r.partition, r.offset);
             self.pending_bytes += r.value.map_or(0, |v| v.len() as u64);

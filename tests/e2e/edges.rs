@@ -498,7 +498,7 @@ async fn kept_node_ids_follow_each_folds_adds_and_deletes() {
                         timestamp: None,
                         key: Some(k.as_bytes()),
                         value: v.as_deref().map(str::as_bytes),
-                        headers: None,
+                        message: None,
                     })
                     .collect();
                 let mut dec =

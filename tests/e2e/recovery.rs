@@ -374,7 +374,7 @@ async fn stage(
         timestamp: None,
         key: None,
         value: Some(bytes.as_bytes()),
-        headers: None,
+        message: None,
     };
     let decoded = decoder.decode(&[rec]).unwrap();
     for w in pool.tables["nodes/Person"]

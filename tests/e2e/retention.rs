@@ -42,7 +42,7 @@ async fn write(
             timestamp: None,
             key: None,
             value: Some(v.as_bytes()),
-            headers: None,
+            message: None,
         })
         .collect();
     let decoded = decoder.decode(&recs).unwrap();
@@ -261,7 +261,7 @@ async fn zombie_write(a: &ShardPool, dec: &mut RecordDecoder, topic: &str, offse
         timestamp: None,
         key: None,
         value: Some(v.as_bytes()),
-        headers: None,
+        message: None,
     };
     let batch = dec.decode(&[rec]).unwrap().upserts.unwrap();
     let Ok(writes) = a.tables[PERSON].put(batch).await else {

@@ -15,7 +15,8 @@ use arrow::array::{
 use arrow::compute::{cast_with_options, concat_batches, filter_record_batch, take, CastOptions};
 use arrow_json::reader::Decoder;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use rdkafka::message::BorrowedHeaders;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::Message;
 
 use crate::config::{Coerce, KeyOrigin, KeySource, Mapping, UnknownFields};
 use crate::error::{Context, Error, Result};
@@ -35,7 +36,10 @@ pub struct SourceRecord<'a> {
     pub timestamp: Option<i64>,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
-    pub headers: Option<&'a BorrowedHeaders>,
+    /// The Kafka message, read for its headers only when the record is
+    /// rejected: librdkafka parses (and frees) a message's headers on the
+    /// first `headers()` call, a cost every record paid before.
+    pub message: Option<&'a BorrowedMessage<'a>>,
 }
 
 impl SourceRecord<'_> {
@@ -48,7 +52,7 @@ impl SourceRecord<'_> {
             timestamp: self.timestamp,
             key: self.key.map(<[u8]>::to_vec),
             value: self.value.map(<[u8]>::to_vec),
-            headers: owned_headers(self.headers),
+            headers: owned_headers(self.message.and_then(|m| m.headers())),
         }
     }
 }
@@ -1105,7 +1109,7 @@ mod tests {
             timestamp: Some(1),
             key: key.map(str::as_bytes),
             value: value.map(str::as_bytes),
-            headers: None,
+            message: None,
         }
     }
 
@@ -1345,7 +1349,7 @@ mod tests {
                 timestamp: None,
                 key: k.map(str::as_bytes),
                 value: *v,
-                headers: None,
+                message: None,
             })
             .collect();
         let out = d.decode(&records).unwrap();
@@ -1525,7 +1529,7 @@ mod type_tests {
             timestamp: None,
             key: None,
             value: Some(v.as_bytes()),
-            headers: None,
+            message: None,
         };
         let out = d.decode(&[r]).unwrap();
         let rows = out.upserts.unwrap();
@@ -1557,7 +1561,7 @@ mod type_tests {
                 timestamp: None,
                 key: None,
                 value: Some(v.as_bytes()),
-                headers: None,
+                message: None,
             })
             .collect();
         let lenient = tests::mapping("topic = 't'\nnode = 'F'\ncoerce = 'lenient'");
@@ -1610,7 +1614,7 @@ mod hostile_tests {
             timestamp: Some(1),
             key: h.key.as_deref(),
             value: h.value.as_deref(),
-            headers: None,
+            message: None,
         }
     }
 
