@@ -156,10 +156,15 @@ struct Args {
     /// JSON (the fold-cost phase runs it as a child process).
     #[arg(long, hide = true)]
     fold_config: Option<PathBuf>,
-    /// Internal: fold in this process instead (the tests, whose binary is
-    /// not the bench's).
+    /// Internal: run graphsink's backlog phase described by this JSON spec
+    /// and print what it measured as JSON (the backlog phases run it as a
+    /// child process, so their memory and CPU are their own).
     #[arg(long, hide = true)]
-    fold_in_process: bool,
+    backlog_child: Option<PathBuf>,
+    /// Internal: run the backlog phases and the fold in this process
+    /// instead of children (the tests, whose binary is not the bench's).
+    #[arg(long, hide = true, alias = "fold-in-process")]
+    in_process: bool,
     /// Write the report as JSON here too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -211,6 +216,12 @@ async fn run(a: Args) -> Result<(), BoxError> {
     if let Some(cfg) = &a.fold_config {
         let cost = sink::fold_child(cfg).await?;
         println!("{}", serde_json::to_string(&cost)?);
+        return Ok(());
+    }
+    if let Some(spec) = &a.backlog_child {
+        let spec: sink::BacklogSpec = serde_json::from_slice(&std::fs::read(spec)?)?;
+        let run = sink::backlog_measured(&spec).await?;
+        println!("{}", serde_json::to_string(&run)?);
         return Ok(());
     }
     let tmp = tempfile::tempdir()?;
@@ -455,6 +466,18 @@ impl Run {
         format!("bench-{name}-{}", self.run_id)
     }
 
+    /// The backlog phase of group `name`, whose config file
+    /// `measure::graphsink_config` wrote into `dir`.
+    fn spec(&self, dir: &Path, name: &str, ends: &[i64]) -> sink::BacklogSpec {
+        sink::BacklogSpec {
+            config: dir.join(format!("{}.toml", self.group(name))),
+            target: self.t.clone(),
+            ends: ends.to_vec(),
+            every: self.every,
+            broker_pid: self.broker_pid,
+        }
+    }
+
     fn has_edges(&self) -> bool {
         self.t.topics.edges.is_some()
     }
@@ -570,18 +593,18 @@ impl Run {
         r: &mut Report,
     ) -> Result<(), BoxError> {
         eprintln!("graphsink over the backlog ...");
-        let cpu = SelfCpu::start();
-        let threads = threads::ThreadCpu::start(self.broker_pid);
         let cfg = self.graphsink_config(a, dir)?;
-        let gs = sink::backlog(&self.t, cfg.clone(), ends, self.every).await?;
-        r.graphsink_cpu_cores = cpu.cores();
-        r.graphsink_threads = threads.finish();
+        let spec = self.spec(dir, "graphsink", ends);
+        let gs = sink::backlog_phase(&spec, a.in_process).await?;
+        r.graphsink_cpu_cores = gs.cpu_cores;
+        r.graphsink_threads = gs.threads.clone();
         r.graphsink_records_per_s = gs.timed_records as f64 / gs.secs;
         r.graphsink_timed_records = gs.timed_records;
         r.graphsink_secs = gs.secs;
-        r.graphsink_commits_published = gs.published.seen.len();
+        r.graphsink_commits_published = gs.commits_published;
         r.graphsink_peak_rss_mib = gs.peak_rss_mib;
         r.graphsink_start_rss_mib = gs.start_rss_mib;
+        r.graphsink_own_process = !a.in_process;
         r.graphsink_run_loop = gs.run_loop.clone();
         self.expected_rows(a, r);
         r.graph_rows = check_rows(&cfg, "", r).await?;
@@ -600,8 +623,9 @@ impl Run {
     ) -> Result<S3Report, BoxError> {
         eprintln!("graphsink over the backlog, on S3 ...");
         let cfg = self.s3_config(a, dir, s3)?;
+        let spec = self.spec(dir, "graphsink-s3", ends);
         let mark = s3.mark();
-        let gs = sink::backlog(&self.t, cfg.clone(), ends, self.every).await?;
+        let gs = sink::backlog_phase(&spec, a.in_process).await?;
         let backlog_load = s3.since(&mark);
         let mut out = S3Report {
             server: s3.describe.clone(),
@@ -609,7 +633,7 @@ impl Run {
             records_per_s: gs.timed_records as f64 / gs.secs,
             secs: gs.secs,
             timed_records: gs.timed_records,
-            commits_published: gs.published.seen.len(),
+            commits_published: gs.commits_published,
             peak_rss_mib: gs.peak_rss_mib,
             run_loop: gs.run_loop.clone(),
             restarts: gs.restarts,
@@ -634,7 +658,7 @@ impl Run {
         r: &mut Report,
     ) -> Result<(), BoxError> {
         eprintln!("graphsink with folding off, then one timed fold ...");
-        let nf_cfg = measure::graphsink_config(
+        measure::graphsink_config(
             &self.t,
             dir,
             &Root::local(dir, "graph-nofold"),
@@ -642,16 +666,7 @@ impl Run {
             a.buckets,
             sink::FOLD_OFF,
         )?;
-        let nf_path = dir.join(format!("{}.toml", self.group("nofold")));
-        let fold = sink::fold_cost(
-            &self.t,
-            nf_cfg,
-            &nf_path,
-            ends,
-            self.every,
-            a.fold_in_process,
-        )
-        .await?;
+        let fold = sink::fold_cost(&self.spec(dir, "nofold", ends), a.in_process).await?;
         r.counted("graphsink (folding off)", fold.rows, a.records);
         r.graphsink_nofold_records_per_s = fold.ingest_rate;
         r.fold_rows = fold.rows;
@@ -832,7 +847,7 @@ mod tests {
             "2",
             "--fold-interval",
             "1s",
-            "--fold-in-process",
+            "--in-process",
         ];
         // scripts/test.sh's broker when there is one; else the bench starts
         // its own tansu (and fails saying how to install it).

@@ -29,7 +29,7 @@ pub fn now_ms() -> f64 {
 }
 
 /// What every phase shares: the broker and the workload's topics.
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct Target {
     pub bootstrap: String,
     pub topics: Topics,

@@ -34,9 +34,12 @@ pub struct Report {
     pub graphsink_timed_records: u64,
     pub graphsink_commits_published: usize,
     pub graphsink_peak_rss_mib: Option<f64>,
-    /// The process's RSS when the graphsink phase started (left by the
-    /// phases before it; the peak includes it).
+    /// The process's RSS when the graphsink phase started: the child's
+    /// binary and runtime when `graphsink_own_process`, else also what the
+    /// phases before it left (the peak includes it).
     pub graphsink_start_rss_mib: Option<f64>,
+    /// The backlog phases ran in child processes of their own.
+    pub graphsink_own_process: bool,
     pub graphsink_run_loop: crate::sink::LoopTimes,
     /// The bench process's CPU over the backlog phase, in cores.
     pub graphsink_cpu_cores: Option<f64>,
@@ -177,8 +180,16 @@ impl Report {
             "  ({} records timed in {:.2} s, {} graph commits published)",
             self.graphsink_timed_records, self.graphsink_secs, self.graphsink_commits_published
         );
-        if let Some(start) = self.graphsink_start_rss_mib {
-            println!("  (RSS at the phase's start, left by the phases before: {start:.0} MiB)");
+        match (self.graphsink_start_rss_mib, self.graphsink_own_process) {
+            (Some(start), true) => {
+                println!(
+                    "  (in a process of its own, at {start:.0} MiB RSS when the phase started)"
+                )
+            }
+            (Some(start), false) => {
+                println!("  (RSS at the phase's start, left by the phases before: {start:.0} MiB)")
+            }
+            (None, _) => {}
         }
         let l = &self.graphsink_run_loop;
         println!(

@@ -1,9 +1,9 @@
-//! graphsink under test, in-process through `run_with`: the backlog run
-//! (throughput, peak RSS), the paced run (durable-ack and graph-visible
-//! latency) and the fold-cost run (ingest with folding off, then one timed
-//! `fold_offline`).
+//! graphsink under test, through `run_with`: the backlog run (throughput,
+//! peak RSS; in a child process of its own), the paced run (durable-ack and
+//! graph-visible latency) and the fold-cost run (ingest with folding off,
+//! then one timed `fold_offline`, each in a child).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,15 +14,17 @@ use tokio_util::sync::CancellationToken;
 use graphsink::{Config, RunOptions, RunStats};
 
 use crate::broker::BoxError;
-use crate::measure::{self, CommitSampler, Published, Target};
+use crate::measure::{self, CommitSampler, Target};
+use crate::threads::{GroupCpu, ThreadCpu};
 use crate::workload::{self, Shape};
 
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BacklogRun {
     pub records: u64,
     /// Records after the first observed poll: the ones `secs` timed.
     pub timed_records: u64,
     pub secs: f64,
-    pub published: Published,
+    pub commits_published: usize,
     pub peak_rss_mib: Option<f64>,
     /// RSS when the phase started: what the phases before it left behind
     /// in this process (the peak includes it).
@@ -30,10 +32,14 @@ pub struct BacklogRun {
     pub run_loop: LoopTimes,
     /// Ingest sessions restarted after a passing storage failure.
     pub restarts: u64,
+    /// The process's CPU over the phase, in cores (the child's own when
+    /// the phase ran in one), and per thread group (with the broker's).
+    pub cpu_cores: Option<f64>,
+    pub threads: Vec<GroupCpu>,
 }
 
 /// Where graphsink's run loop spent the run (from `RunStats`).
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct LoopTimes {
     pub polls: u64,
     pub records_per_poll: f64,
@@ -103,17 +109,65 @@ pub async fn backlog(
     watcher.await?;
     let end = measure::all_committed_at(&samples, ends)
         .ok_or("graphsink ended but its committed offsets never reached the end offsets")?;
-    let published = published.lock().unwrap().clone();
+    let commits_published = published.lock().unwrap().seen.len();
     Ok(BacklogRun {
         records: summary.records,
         timed_records: summary.records.saturating_sub(before),
         secs: (end - first) / 1e3,
-        published,
+        commits_published,
         peak_rss_mib,
         start_rss_mib,
         run_loop: LoopTimes::of(&stats),
         restarts: stats.restarts.load(Ordering::Relaxed),
+        cpu_cores: None,
+        threads: Vec::new(),
     })
+}
+
+/// What a backlog phase needs, handed to its child process as JSON.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct BacklogSpec {
+    /// The config file `measure::graphsink_config` wrote.
+    pub config: PathBuf,
+    pub target: Target,
+    pub ends: Vec<i64>,
+    pub every: Duration,
+    /// The broker's pid, for the per-thread table.
+    pub broker_pid: Option<u32>,
+}
+
+/// One backlog phase with its CPU, in a fresh process of the bench's own
+/// binary (`--backlog-child`) unless `in_process` (the tests, whose binary
+/// is not the bench's). In a child, the peak RSS and CPU are graphsink's
+/// alone, not memory the allocator kept from the phases before, and its run
+/// loop is that process's main thread, as in `graphsink run`.
+pub async fn backlog_phase(spec: &BacklogSpec, in_process: bool) -> Result<BacklogRun, BoxError> {
+    if in_process {
+        return backlog_measured(spec).await;
+    }
+    let path = spec.config.with_extension("backlog.json");
+    std::fs::write(&path, serde_json::to_vec(spec)?)?;
+    let out = tokio::process::Command::new(std::env::current_exe()?)
+        .arg("--backlog-child")
+        .arg(&path)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(format!("the backlog child failed: {}", out.status).into());
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The backlog run of `spec`, with this process's CPU over it.
+pub async fn backlog_measured(spec: &BacklogSpec) -> Result<BacklogRun, BoxError> {
+    let cfg = Config::load(&spec.config)?;
+    let cpu = crate::s3::SelfCpu::start();
+    let threads = ThreadCpu::start(spec.broker_pid);
+    let mut run = backlog(&spec.target, cfg, &spec.ends, spec.every).await?;
+    run.cpu_cores = cpu.cores();
+    run.threads = threads.finish();
+    Ok(run)
 }
 
 pub struct LiveRun {
@@ -229,15 +283,9 @@ pub struct FoldCost {
 /// child process. The fold time includes claiming the shards (an empty WAL
 /// replay after the clean close), reading the flushed generations and the
 /// merge-insert.
-pub async fn fold_cost(
-    t: &Target,
-    cfg: Config,
-    config_path: &Path,
-    ends: &[i64],
-    every: Duration,
-    in_process: bool,
-) -> Result<FoldRun, BoxError> {
-    let ingest = backlog(t, cfg, ends, every).await?;
+pub async fn fold_cost(spec: &BacklogSpec, in_process: bool) -> Result<FoldRun, BoxError> {
+    let config_path = &spec.config;
+    let ingest = backlog_phase(spec, in_process).await?;
     let fold = if in_process {
         fold_child(config_path).await?
     } else {

@@ -171,7 +171,7 @@ pub fn distinct_keys(shape: Shape, records: u64) -> (usize, usize) {
 /// The workload's topics: nodes, and edges when the mix has any. Offsets of
 /// all of them are kept in one vector indexed by *slot* (topic index ×
 /// partitions + partition), so every phase compares like with like.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Topics {
     pub nodes: String,
     pub edges: Option<String>,
