@@ -86,6 +86,10 @@ struct Args {
     /// producer (`[errors.producer]`); repeatable.
     #[arg(long = "dead-letter-prop", value_parser = parse_prop)]
     dead_letter_props: Vec<(String, String)>,
+    /// Extra graphsink `[wal]` setting KEY=VALUE (a TOML value, e.g.
+    /// `max_poll_records=20000`); repeatable.
+    #[arg(long = "wal-prop", value_parser = parse_prop)]
+    wal_props: Vec<(String, String)>,
     /// Fraction of node records that are bad (reject storms): alternately
     /// a decode reject (`wrong_type`) and a validate reject (`range`). The
     /// direct load skips them (a JSON parse per record, only when > 0).
@@ -426,6 +430,7 @@ impl Run {
             },
             consumer_props,
             dead_letter_props: a.dead_letter_props.clone(),
+            wal_props: a.wal_props.clone(),
             commit_every: Duration::from_millis(a.commit_interval_ms.max(1)),
             wal_flush: Duration::from_millis(a.wal_flush_ms.max(1)),
             coerce: a.coerce.clone(),
@@ -501,7 +506,7 @@ impl Run {
                 "value_bytes": a.value_bytes,
                 "partitions": a.partitions, "buckets": a.buckets, "fold_interval": a.fold_interval,
                 "direct_batch": a.direct_batch, "commit_interval_ms": a.commit_interval_ms, "wal_flush_ms": a.wal_flush_ms, "background_nice": a.background_nice,
-                "consumer_props": t.consumer_props, "dead_letter_props": t.dead_letter_props, "coerce": t.coerce, "bad_fraction": a.bad_fraction, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
+                "consumer_props": t.consumer_props, "dead_letter_props": t.dead_letter_props, "wal_props": t.wal_props, "coerce": t.coerce, "bad_fraction": a.bad_fraction, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
             }),
             commit_sample_interval_ms: a.sample_ms,
             ..Default::default()
@@ -803,7 +808,11 @@ fn add_notes(a: &Args, r: &mut Report) {
         "records/s: first fetch → all offsets committed (committed offsets sampled every {} ms); for graphsink the clock starts when RunStats.consumed first moves and counts only the records after that first poll; durable-ack latency: record timestamp → first sample showing its offset committed (resolution {} ms + one OffsetFetch round trip; bounded below by offsets.commit_interval and wal.flush_interval)",
         a.sample_ms, a.sample_ms
     ));
-    r.notes.push("peak RSS: VmHWM after resetting it (clear_refs 5) at the start of each phase; includes memory the allocator kept from earlier phases and the bench's own samplers; the fold runs in a fresh child process, so its peak is its own (start = the child's RSS before folding)".into());
+    r.notes.push(format!("peak RSS: VmHWM after resetting it (clear_refs 5) at the start of each phase; {}; the fold runs in a fresh child process, so its peak is its own (start = the child's RSS before folding)", if a.in_process {
+        "graphsink's phases ran in the bench's process, so their peaks include memory the allocator kept from earlier phases and the bench's own samplers"
+    } else {
+        "graphsink's backlog phases ran in child processes, so their peaks are their own (with the commit sampler); the baselines' include what earlier phases left"
+    }));
     r.notes.push("direct load: plain Lance tables keyed on sku (nodes) and the Kafka key (edges), no provenance columns, no endpoint checks, no graph commit; the bare and direct baselines read a backlog that earlier phases may have warmed in the broker".into());
     r.notes.push("every phase stops at end offsets taken from the producer's acks (not the broker's high watermarks) and is checked to have consumed exactly the produced records".into());
 }

@@ -39,6 +39,8 @@ pub struct Target {
     /// Extra librdkafka properties for graphsink's dead-letter producer
     /// (`[errors.producer]`), e.g. `linger.ms`.
     pub dead_letter_props: Vec<(String, String)>,
+    /// Extra `[wal]` settings of graphsink (key, TOML value).
+    pub wal_props: Vec<(String, String)>,
     /// Offset commit cadence of graphsink (`offsets.commit_interval`) and
     /// of the bare loop alike.
     pub commit_every: std::time::Duration,
@@ -289,6 +291,7 @@ actor = "graphsink-bench"
 [wal]
 buckets = {buckets}
 flush_interval = "{flush_ms}ms"
+{wal_extra}
 
 [offsets]
 commit_interval = "{commit_ms}ms"
@@ -321,6 +324,11 @@ coerce = "{coerce}"
             t.coerce
         )),
         coerce = t.coerce,
+        wal_extra = t
+            .wal_props
+            .iter()
+            .map(|(k, v)| format!("{k} = {v}\n"))
+            .collect::<String>(),
         dead_letter = t
             .dead_letter_props
             .iter()
