@@ -86,8 +86,10 @@ struct Args {
     /// producer (`[errors.producer]`); repeatable.
     #[arg(long = "dead-letter-prop", value_parser = parse_prop)]
     dead_letter_props: Vec<(String, String)>,
-    /// Extra graphsink `[wal]` setting KEY=VALUE (a TOML value, e.g.
-    /// `max_poll_records=20000`); repeatable.
+    /// Extra graphsink `[wal]` setting KEY=VALUE, VALUE in TOML (e.g.
+    /// `max_poll_records=20000`; a duration needs quotes: `'"50ms"'`);
+    /// repeatable. `buckets` and `flush_interval` have their own flags
+    /// (`--buckets`, `--wal-flush-ms`) and are refused here.
     #[arg(long = "wal-prop", value_parser = parse_prop)]
     wal_props: Vec<(String, String)>,
     /// Fraction of node records that are bad (reject storms): alternately
@@ -416,6 +418,13 @@ impl Run {
         if !(0.0..=1.0).contains(&a.edge_fraction) {
             return Err("--edge-fraction must be within 0..=1".into());
         }
+        if let Some((k, _)) = a
+            .wal_props
+            .iter()
+            .find(|(k, _)| k == "buckets" || k == "flush_interval")
+        {
+            return Err(format!("--wal-prop {k}: use --buckets or --wal-flush-ms").into());
+        }
         let has_edges = a.edge_fraction > 0.0;
         let mut consumer_props = a.consumer_props.clone();
         if a.fetch_wait_ms > 0 && !consumer_props.iter().any(|(k, _)| k == "fetch.wait.max.ms") {
@@ -473,13 +482,14 @@ impl Run {
 
     /// The backlog phase of group `name`, whose config file
     /// `measure::graphsink_config` wrote into `dir`.
-    fn spec(&self, dir: &Path, name: &str, ends: &[i64]) -> sink::BacklogSpec {
+    fn spec(&self, a: &Args, dir: &Path, name: &str, ends: &[i64]) -> sink::BacklogSpec {
         sink::BacklogSpec {
             config: dir.join(format!("{}.toml", self.group(name))),
             target: self.t.clone(),
             ends: ends.to_vec(),
             every: self.every,
             broker_pid: self.broker_pid,
+            background_nice: a.background_nice,
         }
     }
 
@@ -599,7 +609,7 @@ impl Run {
     ) -> Result<(), BoxError> {
         eprintln!("graphsink over the backlog ...");
         let cfg = self.graphsink_config(a, dir)?;
-        let spec = self.spec(dir, "graphsink", ends);
+        let spec = self.spec(a, dir, "graphsink", ends);
         let gs = sink::backlog_phase(&spec, a.in_process).await?;
         r.graphsink_cpu_cores = gs.cpu_cores;
         r.graphsink_threads = gs.threads.clone();
@@ -628,10 +638,14 @@ impl Run {
     ) -> Result<S3Report, BoxError> {
         eprintln!("graphsink over the backlog, on S3 ...");
         let cfg = self.s3_config(a, dir, s3)?;
-        let spec = self.spec(dir, "graphsink-s3", ends);
+        let spec = self.spec(a, dir, "graphsink-s3", ends);
         let mark = s3.mark();
         let gs = sink::backlog_phase(&spec, a.in_process).await?;
-        let backlog_load = s3.since(&mark);
+        let mut backlog_load = s3.since(&mark);
+        if !a.in_process {
+            // The phase ran in a child: the parent's own CPU was idle.
+            backlog_load.bench_cpu_cores = gs.cpu_cores;
+        }
         let mut out = S3Report {
             server: s3.describe.clone(),
             requests_counted_by: s3.counted_by().into(),
@@ -671,7 +685,7 @@ impl Run {
             a.buckets,
             sink::FOLD_OFF,
         )?;
-        let fold = sink::fold_cost(&self.spec(dir, "nofold", ends), a.in_process).await?;
+        let fold = sink::fold_cost(&self.spec(a, dir, "nofold", ends), a.in_process).await?;
         r.counted("graphsink (folding off)", fold.rows, a.records);
         r.graphsink_nofold_records_per_s = fold.ingest_rate;
         r.fold_rows = fold.rows;

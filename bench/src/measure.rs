@@ -154,7 +154,7 @@ pub fn commit_latencies(samples: &[(f64, Vec<i64>)], records: &[(usize, i64, i64
 /// first moves. The counter moves only once the first poll (up to
 /// `max_poll_records`) is decoded and handed to the WAL, so the fetch of
 /// those records happened earlier; callers therefore time only the records
-/// after that count, from that moment (otherwise a 5,000-record first poll
+/// after that count, from that moment (otherwise a full first poll
 /// would be "free" and inflate small runs).
 pub fn first_fetch(stats: Arc<RunStats>) -> tokio::task::JoinHandle<(f64, u64)> {
     tokio::spawn(async move {

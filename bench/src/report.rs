@@ -41,7 +41,8 @@ pub struct Report {
     /// The backlog phases ran in child processes of their own.
     pub graphsink_own_process: bool,
     pub graphsink_run_loop: crate::sink::LoopTimes,
-    /// The bench process's CPU over the backlog phase, in cores.
+    /// graphsink's process's CPU over the backlog phase, in cores (the
+    /// child's when the phase ran in one).
     pub graphsink_cpu_cores: Option<f64>,
     /// CPU per thread group (and the broker's) over the backlog phase.
     pub graphsink_threads: Vec<crate::threads::GroupCpu>,

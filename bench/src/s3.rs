@@ -79,8 +79,9 @@ pub struct Load {
     /// (moto is one Python process: ~1.0 is its ceiling, the GIL).
     pub server_cpu_secs: Option<f64>,
     pub server_cpu_cores: Option<f64>,
-    /// The bench process's CPU over the phase, in cores (graphsink and the
-    /// samplers; the machine has 2).
+    /// graphsink's process's CPU over the phase, in cores (graphsink and
+    /// the samplers; the backlog child's own when the phase ran in one; the
+    /// machine has 2).
     pub bench_cpu_cores: Option<f64>,
 }
 

@@ -26,8 +26,8 @@ pub struct BacklogRun {
     pub secs: f64,
     pub commits_published: usize,
     pub peak_rss_mib: Option<f64>,
-    /// RSS when the phase started: what the phases before it left behind
-    /// in this process (the peak includes it).
+    /// RSS when the phase started: the child's binary and runtime, or, in
+    /// process, also what the phases before it left (the peak includes it).
     pub start_rss_mib: Option<f64>,
     pub run_loop: LoopTimes,
     /// Ingest sessions restarted after a passing storage failure.
@@ -134,6 +134,8 @@ pub struct BacklogSpec {
     pub every: Duration,
     /// The broker's pid, for the per-thread table.
     pub broker_pid: Option<u32>,
+    /// The bench's `--background-nice`, passed on to the child's runtime.
+    pub background_nice: i32,
 }
 
 /// One backlog phase with its CPU, in a fresh process of the bench's own
@@ -150,6 +152,8 @@ pub async fn backlog_phase(spec: &BacklogSpec, in_process: bool) -> Result<Backl
     let out = tokio::process::Command::new(std::env::current_exe()?)
         .arg("--backlog-child")
         .arg(&path)
+        .arg("--background-nice")
+        .arg(spec.background_nice.to_string())
         .stderr(std::process::Stdio::inherit())
         .output()
         .await?;
@@ -292,6 +296,8 @@ pub async fn fold_cost(spec: &BacklogSpec, in_process: bool) -> Result<FoldRun, 
         let out = tokio::process::Command::new(std::env::current_exe()?)
             .arg("--fold-config")
             .arg(config_path)
+            .arg("--background-nice")
+            .arg(spec.background_nice.to_string())
             .stderr(std::process::Stdio::inherit())
             .output()
             .await?;

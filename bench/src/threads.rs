@@ -1,5 +1,5 @@
 //! CPU per thread group over one phase, for issue 14's per-stage budget:
-//! the bench process's threads grouped by name (tokio workers, Lance's CPU
+//! the measuring process's threads (the bench's, or its backlog child's) grouped by name (tokio workers, Lance's CPU
 //! pool, librdkafka's threads, ...) and the broker's, read from
 //! `/proc/<pid>/task/<tid>/schedstat`: nanoseconds on a CPU, and waiting
 //! for one (runnable but not running: what a saturated machine costs a
