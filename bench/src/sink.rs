@@ -149,16 +149,27 @@ pub async fn backlog_phase(spec: &BacklogSpec, in_process: bool) -> Result<Backl
     }
     let path = spec.config.with_extension("backlog.json");
     std::fs::write(&path, serde_json::to_vec(spec)?)?;
+    child("--backlog-child", &path, spec.background_nice).await
+}
+
+/// Runs the bench's own binary with `flag path` (and the bench's
+/// background nice) and reads what it printed as JSON; its stderr passes
+/// through.
+async fn child<T: serde::de::DeserializeOwned>(
+    flag: &str,
+    path: &Path,
+    background_nice: i32,
+) -> Result<T, BoxError> {
     let out = tokio::process::Command::new(std::env::current_exe()?)
-        .arg("--backlog-child")
-        .arg(&path)
+        .arg(flag)
+        .arg(path)
         .arg("--background-nice")
-        .arg(spec.background_nice.to_string())
+        .arg(background_nice.to_string())
         .stderr(std::process::Stdio::inherit())
         .output()
         .await?;
     if !out.status.success() {
-        return Err(format!("the backlog child failed: {}", out.status).into());
+        return Err(format!("the bench's {flag} child failed: {}", out.status).into());
     }
     Ok(serde_json::from_slice(&out.stdout)?)
 }
@@ -293,18 +304,7 @@ pub async fn fold_cost(spec: &BacklogSpec, in_process: bool) -> Result<FoldRun, 
     let fold = if in_process {
         fold_child(config_path).await?
     } else {
-        let out = tokio::process::Command::new(std::env::current_exe()?)
-            .arg("--fold-config")
-            .arg(config_path)
-            .arg("--background-nice")
-            .arg(spec.background_nice.to_string())
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .await?;
-        if !out.status.success() {
-            return Err(format!("the fold child failed: {}", out.status).into());
-        }
-        serde_json::from_slice(&out.stdout)?
+        child("--fold-config", config_path, spec.background_nice).await?
     };
     Ok(FoldRun {
         ingest_rate: ingest.timed_records as f64 / ingest.secs,
