@@ -22,7 +22,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::failpoints;
 use crate::fold::{self, CutRequest, FoldLoop, FreezeCut, Policies};
 use crate::graph::{Graph, GraphCommit};
-use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent};
+use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent, GroupStream};
 use crate::kafka::stall::{self, StallWatch, Verdict};
 use crate::kafka::{DeadLetters, OffsetQueries};
 use crate::metrics::Metrics;
@@ -463,19 +463,20 @@ struct Breaker {
 /// Takes whatever the consumer already holds after `first`, up to `limit`
 /// records in all, without waiting for more.
 fn take_poll<'c>(
-    kafka: &'c GroupConsumer,
+    stream: &mut GroupStream<'c>,
     first: BorrowedMessage<'c>,
     limit: usize,
 ) -> Vec<BorrowedMessage<'c>> {
     let mut msgs = vec![first];
     while msgs.len() < limit {
-        match kafka.recv().now_or_never() {
-            Some(Ok(m)) => msgs.push(m),
-            Some(Err(e)) => {
+        match stream.next().now_or_never() {
+            Some(Some(Ok(m))) => msgs.push(m),
+            Some(Some(Err(e))) => {
                 tracing::warn!(error = %e, "consumer error inside a poll");
                 break;
             }
-            None => break,
+            // Nothing ready (a Kafka stream never ends).
+            Some(None) | None => break,
         }
     }
     msgs
@@ -495,6 +496,7 @@ impl RunLoop<'_> {
         stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let max_in_flight = self.config.wal.max_in_flight_polls;
         let mut full_since: Option<std::time::Instant> = None;
+        let mut stream = kafka.stream();
         loop {
             // Priority: shutdown, then control (fold loop, rebalance, acks),
             // then data, then timers.
@@ -520,11 +522,11 @@ impl RunLoop<'_> {
                     self.breaker.paused_until = None;
                     self.metrics.breaker(false);
                 }
-                msg = kafka.recv(), if self.in_flight.len() < max_in_flight && self.breaker.paused_until.is_none() => {
+                Some(msg) = stream.next(), if self.in_flight.len() < max_in_flight && self.breaker.paused_until.is_none() => {
                     match msg {
                         Ok(first) => {
                             self.last_poll = tokio::time::Instant::now();
-                            let ack = self.process_poll(kafka, first).await?;
+                            let ack = self.process_poll(&mut stream, first).await?;
                             self.in_flight.push_back(ack);
                             self.metrics.polls_in_flight(self.in_flight.len());
                             if self.in_flight.len() >= max_in_flight {
@@ -554,13 +556,13 @@ impl RunLoop<'_> {
 
     /// Takes whatever the consumer already holds, up to the poll limit, as
     /// one poll, and starts its WAL writes. Returns the poll's durability.
-    async fn process_poll(
+    async fn process_poll<'c>(
         &mut self,
-        kafka: &GroupConsumer,
-        first: BorrowedMessage<'_>,
+        stream: &mut GroupStream<'c>,
+        first: BorrowedMessage<'c>,
     ) -> Result<AckFuture> {
         let started = std::time::Instant::now();
-        let msgs = take_poll(kafka, first, self.config.wal.max_poll_records);
+        let msgs = take_poll(stream, first, self.config.wal.max_poll_records);
         self.stats
             .take_ns
             .fetch_add(nanos(started), Ordering::Relaxed);

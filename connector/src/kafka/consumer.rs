@@ -145,6 +145,11 @@ fn tp_list(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
 
 pub(crate) type GroupConsumer = StreamConsumer<GroupContext>;
 
+/// The consumer's messages as one stream, kept for a whole session:
+/// `StreamConsumer::recv` builds (and drops) a stream per message, which
+/// registers and removes a waker under a mutex every time.
+pub(crate) type GroupStream<'c> = rdkafka::consumer::MessageStream<'c, GroupContext>;
+
 /// Joins the group and subscribes to every mapped topic.
 /// With `kafka_stats`, librdkafka reports statistics into `metrics`.
 pub(crate) fn subscribe(
