@@ -551,27 +551,32 @@ impl RetentionSettings {
     }
 }
 
+/// One section of a config file, read before the config itself is loaded
+/// (for what start-up needs first); `None` when it cannot be read.
+fn early_section(path: &Path, name: &str) -> Option<toml::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut value: toml::Table = toml::from_str(&text).ok()?;
+    value.remove(name)
+}
+
 impl Config {
     /// `[log] format` of a config file, read before anything else (logging
     /// starts before the config is loaded); `None` when it cannot be read.
     pub fn log_format_of(path: &Path) -> Option<LogFormat> {
-        let text = std::fs::read_to_string(path).ok()?;
-        let value: toml::Value = toml::from_str(&text).ok()?;
-        let format = value.get("log")?.get("format")?.clone();
-        format.try_into().ok()
+        early_section(path, "log")?
+            .get("format")?
+            .clone()
+            .try_into()
+            .ok()
     }
 
     /// `[runtime]` of a config file, read before the runtime is built;
     /// the defaults when it cannot be read (the full load then says why).
     pub fn runtime_of(path: &Path) -> RuntimeSettings {
-        let read = || -> Option<RuntimeSettings> {
-            let text = std::fs::read_to_string(path).ok()?;
-            let value: toml::Value = toml::from_str(&text).ok()?;
-            let settings: RuntimeSettings = value.get("runtime")?.clone().try_into().ok()?;
-            settings.validate().ok()?;
-            Some(settings)
-        };
-        read().unwrap_or_default()
+        early_section(path, "runtime")
+            .and_then(|v| v.try_into::<RuntimeSettings>().ok())
+            .filter(|s| s.validate().is_ok())
+            .unwrap_or_default()
     }
 
     /// Reads, expands `${VAR}` in string values, parses and validates.
