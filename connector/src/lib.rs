@@ -49,7 +49,7 @@ pub use graph::{row_counts, FoldedShard, Graph, GraphCommit, TableStats};
 /// The operator's endpoint: `/metrics`, `/health`, `/ready`.
 pub use http::serve as serve_http;
 pub use kafka::client::CONSUMER_DEFAULTS;
-pub use kafka::queries::MissingTopic;
+pub use kafka::queries::{GroupMember, GroupMembers, MissingTopic};
 /// Metrics and probe state of one connector (docs/metrics.md).
 pub use metrics::{
     Format as MetricsFormat, Health, Metrics, Readiness, CONTENT_TYPE as METRICS_CONTENT_TYPE,
@@ -64,6 +64,7 @@ pub use query::rejects::{
 };
 pub use query::status::{
     graph_status, kafka_status, GraphStatus, KafkaStatus, PartitionStatus, PendingStatus,
+    ShardState,
 };
 pub use query::{check, commits, fold_offline, gc, snapshot, CheckSummary, Snapshot, TableRows};
 pub use rejects::{Reject, RejectCode, Stage};
@@ -71,5 +72,6 @@ pub use rejects::{Reject, RejectCode, Stage};
 pub use retention::{GcReport, Removed, TableGc, TableStorage};
 pub use runtime::build as build_runtime;
 pub use schema::GraphSchema;
+pub use shards::{holder as shard_holder, ShardOwner};
 pub use store::Store;
 pub use types::{now_ms, OffsetRange, TopicPartition};

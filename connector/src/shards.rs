@@ -89,6 +89,57 @@ pub async fn compacted_markers(ds: &Dataset) -> Result<HashMap<Uuid, u64>> {
         .unwrap_or_default())
 }
 
+/// Who claimed a shard last, as that process noted it beside the graph
+/// (`_graphsink_owners/<shard>.json`): MemWAL's manifest keeps the epoch
+/// but not who holds it, and tansu's group description names no member's
+/// host or partitions. A note whose epoch is not the manifest's is stale.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShardOwner {
+    pub epoch: u64,
+    /// `<host> pid <pid>` of the claiming process.
+    pub holder: String,
+    /// Epoch ms of the claim.
+    pub claimed_at: i64,
+}
+
+fn owner_uri(graph: &Graph, shard: Uuid) -> String {
+    format!("{}/_graphsink_owners/{shard}.json", graph.root())
+}
+
+/// This process as a shard owner names it.
+pub fn holder() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let host = match ok {
+        true => String::from_utf8_lossy(&buf[..end]).into_owned(),
+        false => "unknown-host".to_string(),
+    };
+    format!("{host} pid {}", std::process::id())
+}
+
+/// Notes this process as the holder of `shard` at `epoch`. Informational
+/// (`status`), so a failure to write it is logged, not fatal.
+async fn note_owner(graph: &Graph, shard: Uuid, epoch: u64) {
+    let owner = ShardOwner {
+        epoch,
+        holder: holder(),
+        claimed_at: crate::types::now_ms(),
+    };
+    let body = serde_json::to_vec(&owner).expect("serializable");
+    if let Err(e) = graph.store().put(&owner_uri(graph, shard), &body).await {
+        tracing::warn!(%shard, error = %e, "could not note this process as the shard's owner");
+    }
+}
+
+/// The last owner note of `shard`, if any (and readable).
+pub async fn shard_owner(graph: &Graph, shard: Uuid) -> Result<Option<ShardOwner>> {
+    let uri = owner_uri(graph, shard);
+    let got = graph.store().get(&uri).await.ctx(format!("read {uri}"))?;
+    Ok(got.and_then(|b| serde_json::from_slice(&b).ok()))
+}
+
 /// One open writer and where it belongs.
 pub struct Shard {
     pub table: String,
@@ -179,6 +230,7 @@ impl ShardPool {
                     .await
                     .map_err(|e| fenced_or(e, table, bucket, id, "open writer"))?;
                 tracing::debug!(table, bucket, epoch = writer.epoch(), "shard writer open");
+                note_owner(graph, id, writer.epoch()).await;
                 shards.push(Shard {
                     table: table.clone(),
                     bucket,

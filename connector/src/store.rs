@@ -103,6 +103,26 @@ impl Store {
         }
     }
 
+    /// Writes `content` to the object at `uri`, replacing it.
+    pub async fn put(&self, uri: &str, content: &[u8]) -> lance::Result<()> {
+        let (store, path) =
+            ObjectStore::from_uri_and_params(self.registry.clone(), uri, &self.params()).await?;
+        object_store::ObjectStoreExt::put(store.inner.as_ref(), &path, content.to_vec().into())
+            .await?;
+        Ok(())
+    }
+
+    /// The object at `uri`; `None` if it does not exist.
+    pub async fn get(&self, uri: &str) -> lance::Result<Option<Vec<u8>>> {
+        let (store, path) =
+            ObjectStore::from_uri_and_params(self.registry.clone(), uri, &self.params()).await?;
+        match object_store::ObjectStoreExt::get(store.inner.as_ref(), &path).await {
+            Ok(got) => Ok(Some(got.bytes().await?.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// How long ago the object at `uri` was last written; `None` if it does
     /// not exist.
     pub async fn age(&self, uri: &str) -> lance::Result<Option<std::time::Duration>> {

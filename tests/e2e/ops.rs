@@ -134,7 +134,8 @@ async fn fence_by_offline_fold(tg: &TestGraph, topic: &str, then: &[Rec]) {
 
 /// `/ready` is false until the group is joined and true after; it reports
 /// a fencing (`graphsink fold` claims every shard) and recovers once a new
-/// run holds the shards again.
+/// run holds the shards again. `status` follows: the member and its
+/// partitions, and each shard's writer epoch rising with every claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_follows_the_group_join_and_a_fencing() {
     crate::init_logs();
@@ -162,6 +163,43 @@ async fn ready_follows_the_group_join_and_a_fencing() {
     })
     .await;
 
+    // `status` lists the group's one member (with its partitions where the
+    // broker reports them: tansu 0.6 does not), and for each shard the
+    // writer epoch, which every claim raises, and who claimed it.
+    let cfg = tg.config();
+    let k = graphsink::kafka_status(&cfg).await.expect("kafka status");
+    assert_eq!(k.members.members.len(), 1, "{k:?}");
+    let both: Vec<(String, i32)> = (0..2).map(|p| (topic.clone(), p)).collect();
+    let reported = k.members.members[0].assigned.as_ref();
+    assert!(reported.is_none() || reported == Some(&both), "{k:?}");
+    let me = graphsink::shard_holder();
+    let shards = || async {
+        let g = graphsink::graph_status(&cfg).await.expect("graph status");
+        let s: Vec<graphsink::ShardState> = g
+            .shards
+            .into_iter()
+            .filter(|s| s.table == "nodes/Person")
+            .collect();
+        assert!(!s.is_empty(), "no shards of nodes/Person");
+        s
+    };
+    let epochs = |s: &[graphsink::ShardState]| s.iter().map(|s| s.writer_epoch).collect::<Vec<_>>();
+    let held_by = |s: &[graphsink::ShardState]| {
+        s.iter()
+            .map(|s| s.owner.as_ref().map(|o| o.holder.clone()))
+            .collect::<Vec<_>>()
+    };
+    let now = shards().await;
+    let running = epochs(&now);
+    assert!(running.iter().all(|&e| e >= 1), "{running:?}");
+    assert!(
+        held_by(&now).iter().all(|h| h.as_ref() == Some(&me)),
+        "{now:?}"
+    );
+    let out = tg.cli(&["status"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("  member ") && text.contains(&me), "{text}");
+
     // An offline fold fences the running writers; the run stops on it.
     fence_by_offline_fold(&tg, topic, &people(4, 10)).await;
     let ended = tokio::time::timeout(Duration::from_secs(60), live.task)
@@ -170,6 +208,19 @@ async fn ready_follows_the_group_join_and_a_fencing() {
         .unwrap();
     let err = ended.expect_err("a fenced run fails");
     assert_eq!(err.kind(), graphsink::ErrorKind::Fenced, "{err}");
+    let now = shards().await;
+    let fenced = epochs(&now);
+    assert!(
+        fenced.iter().zip(&running).all(|(f, r)| f > r),
+        "the offline fold claimed every shard: {running:?} → {fenced:?}"
+    );
+    // The fold was another process.
+    assert!(
+        held_by(&now)
+            .iter()
+            .all(|h| h.is_some() && h.as_ref() != Some(&me)),
+        "{now:?}"
+    );
     let (status, body) = ready(addr).await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["fenced"], json!(true), "{body}");
@@ -185,6 +236,16 @@ async fn ready_follows_the_group_join_and_a_fencing() {
         |s, b| s == 200 && b["fenced"] == json!(false),
     )
     .await;
+    let now = shards().await;
+    let reclaimed = epochs(&now);
+    assert!(
+        reclaimed.iter().zip(&fenced).all(|(n, f)| n > f),
+        "the new run claimed every shard: {fenced:?} → {reclaimed:?}"
+    );
+    assert!(
+        held_by(&now).iter().all(|h| h.as_ref() == Some(&me)),
+        "{now:?}"
+    );
     live.stop().await.expect("stops cleanly");
     http_stop.cancel();
 }

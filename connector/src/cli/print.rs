@@ -1,6 +1,7 @@
 //! How the CLI prints what the library returns: text lines and JSON. Tests
 //! and scripts/demo.sh read some of these lines, so their format is stable.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::error::Result;
@@ -8,6 +9,7 @@ use crate::graph::GraphCommit;
 use crate::query::status::{GraphStatus, KafkaStatus};
 use crate::query::{CheckSummary, GcReport, Snapshot, TableGc};
 use crate::rejects::Reject;
+use crate::types::TopicPartition;
 
 pub(super) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -116,6 +118,50 @@ pub(super) fn graph_status(g: &GraphStatus) {
     }
     let total: u64 = g.storage.iter().map(|s| s.total()).sum();
     println!("         {:<24} {:>10}", "total", fmt_bytes(total));
+    println!(
+        "shards   {:<24} {:>6} {:>6} {:>10} {:>11} {:>8}  held by",
+        "table", "bucket", "epoch", "generation", "folded upto", "unfolded"
+    );
+    for s in &g.shards {
+        let owner = match &s.owner {
+            Some(o) => format!("{} since {}", o.holder, fmt_ms(o.claimed_at)),
+            None => "-".to_string(),
+        };
+        println!(
+            "         {:<24} {:>6} {:>6} {:>10} {:>11} {:>8}  {owner}",
+            s.table, s.bucket, s.writer_epoch, s.current_generation, s.folded_upto, s.unfolded
+        );
+    }
+}
+
+/// `people/0-3,7 orders/1`: a member's partitions, by topic.
+fn held(parts: &[TopicPartition]) -> String {
+    let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (t, p) in parts {
+        by_topic.entry(t).or_default().push(*p);
+    }
+    let runs = |ps: &[i32]| {
+        let mut out: Vec<String> = Vec::new();
+        let mut i = 0;
+        while i < ps.len() {
+            let mut j = i;
+            while j + 1 < ps.len() && ps[j + 1] == ps[j] + 1 {
+                j += 1;
+            }
+            out.push(if j > i {
+                format!("{}-{}", ps[i], ps[j])
+            } else {
+                ps[i].to_string()
+            });
+            i = j + 1;
+        }
+        out.join(",")
+    };
+    by_topic
+        .iter()
+        .map(|(t, ps)| format!("{t}/{}", runs(ps)))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 // ---- gc ---------------------------------------------------------------------
@@ -163,7 +209,28 @@ pub(super) fn fmt_bytes(b: u64) -> String {
 }
 
 pub(super) fn kafka_status(k: &KafkaStatus) {
-    println!("kafka    group {}", k.group);
+    let g = &k.members;
+    match g.state.as_str() {
+        "" => println!("kafka    group {} (unknown to the broker)", k.group),
+        state if g.protocol.is_empty() => println!("kafka    group {} ({state})", k.group),
+        state => println!("kafka    group {} ({state}, {})", k.group, g.protocol),
+    }
+    for m in &g.members {
+        let holds = match &m.assigned {
+            Some(parts) if parts.is_empty() => "nothing".to_string(),
+            Some(parts) => held(parts),
+            // tansu 0.6 describes members without their assignment.
+            None => "(the broker did not report its partitions)".to_string(),
+        };
+        let name = match m.client_id.as_str() {
+            "" => &m.member_id,
+            id => id,
+        };
+        match m.host.trim_start_matches('/') {
+            "" => println!("  member {name}: {holds}"),
+            host => println!("  member {name} at {host}: {holds}"),
+        }
+    }
     for p in &k.partitions {
         let committed = p.committed.map_or("-".to_string(), |c| c.to_string());
         println!(
@@ -200,6 +267,7 @@ pub(super) fn status_json(g: &GraphStatus, kafka: &Result<KafkaStatus>) {
         "pending_total": g.pending_total(),
         "rejects": g.rejects,
         "storage": g.storage,
+        "shards": g.shards,
         "kafka": null,
     });
     match kafka {
@@ -212,6 +280,16 @@ pub(super) fn status_json(g: &GraphStatus, kafka: &Result<KafkaStatus>) {
 fn kafka_json(k: &KafkaStatus) -> serde_json::Value {
     serde_json::json!({
         "group": k.group,
+        "group_state": k.members.state,
+        "assignor": k.members.protocol,
+        "members": k.members.members.iter().map(|m| serde_json::json!({
+            "member_id": m.member_id,
+            "client_id": m.client_id,
+            "host": m.host,
+            "partitions": m.assigned.as_ref().map(|ps| ps.iter().map(|(t, p)| serde_json::json!({
+                "topic": t, "partition": p,
+            })).collect::<Vec<_>>()),
+        })).collect::<Vec<_>>(),
         "partitions": k.partitions.iter().map(|p| serde_json::json!({
             "topic": p.topic,
             "partition": p.partition,
@@ -336,5 +414,29 @@ mod tests {
         assert!(line.ends_with(" m n"), "{line}");
         assert_eq!(rejects_n(1), "1 reject");
         assert_eq!(rejects_n(2), "2 rejects");
+    }
+}
+
+#[cfg(test)]
+mod held_tests {
+    use super::held;
+
+    #[test]
+    fn partitions_print_as_runs_per_topic() {
+        let parts: Vec<(String, i32)> = [
+            ("b", 0),
+            ("a", 0),
+            ("a", 1),
+            ("a", 2),
+            ("a", 5),
+            ("a", 7),
+            ("a", 8),
+        ]
+        .iter()
+        .map(|(t, p)| (t.to_string(), *p))
+        .collect();
+        let mut sorted = parts.clone();
+        sorted.sort();
+        assert_eq!(held(&sorted), "a/0-2,5,7-8 b/0");
     }
 }

@@ -162,6 +162,37 @@ impl OffsetQueries {
         Ok(GroupProgress { committed, lag })
     }
 
+    /// The group's members as the coordinator lists them (DescribeGroups,
+    /// through librdkafka's group list), each with what it holds.
+    pub(crate) async fn members(&self) -> Result<GroupMembers> {
+        self.off_runtime(|q| {
+            let list = q
+                .consumer
+                .fetch_group_list(Some(&q.group), TIMEOUT)
+                .map_err(|e| q.fail(format!("describe group {}", q.group), e))?;
+            let Some(g) = list.groups().iter().find(|g| g.name() == q.group) else {
+                return Ok(GroupMembers::default());
+            };
+            let mut members: Vec<GroupMember> = g
+                .members()
+                .iter()
+                .map(|m| GroupMember {
+                    member_id: m.id().to_string(),
+                    client_id: m.client_id().to_string(),
+                    host: m.client_host().to_string(),
+                    assigned: m.assignment().and_then(consumer_assignment),
+                })
+                .collect();
+            members.sort_by(|a, b| (&a.client_id, &a.member_id).cmp(&(&b.client_id, &b.member_id)));
+            Ok(GroupMembers {
+                state: g.state().to_string(),
+                protocol: g.protocol().to_string(),
+                members,
+            })
+        })
+        .await
+    }
+
     async fn off_runtime<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Inner) -> Result<T> + Send + 'static,
@@ -173,8 +204,115 @@ impl OffsetQueries {
     }
 }
 
+/// A consumer group as its coordinator describes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupMembers {
+    /// `Stable`, `PreparingRebalance`, `CompletingRebalance`, `Empty`,
+    /// `Dead`; empty when the broker does not know the group.
+    pub state: String,
+    /// The assignor the group agreed on (`cooperative-sticky`, `range`).
+    pub protocol: String,
+    pub members: Vec<GroupMember>,
+}
+
+/// One member of the group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupMember {
+    pub member_id: String,
+    pub client_id: String,
+    pub host: String,
+    /// The partitions assigned to it; `None` when its assignment is not in
+    /// the classic consumer protocol's format (or is not there yet).
+    pub assigned: Option<Vec<TopicPartition>>,
+}
+
+/// Parses a classic consumer-protocol assignment (Kafka's
+/// `ConsumerProtocolAssignment`, versions 0–3: `i16` version, then an array
+/// of topics, each a string and an array of `i32` partitions; user data
+/// and later fields follow and are not needed). `None` if malformed.
+pub(crate) fn consumer_assignment(bytes: &[u8]) -> Option<Vec<TopicPartition>> {
+    struct Reader<'a>(&'a [u8]);
+    impl Reader<'_> {
+        fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+            let (head, rest) = self.0.split_at_checked(N)?;
+            self.0 = rest;
+            head.try_into().ok()
+        }
+        fn i16(&mut self) -> Option<i16> {
+            self.take::<2>().map(i16::from_be_bytes)
+        }
+        fn i32(&mut self) -> Option<i32> {
+            self.take::<4>().map(i32::from_be_bytes)
+        }
+        fn string(&mut self) -> Option<String> {
+            let n = usize::try_from(self.i16()?).ok()?;
+            let (head, rest) = self.0.split_at_checked(n)?;
+            self.0 = rest;
+            String::from_utf8(head.to_vec()).ok()
+        }
+    }
+    let mut r = Reader(bytes);
+    if !(0..=3).contains(&r.i16()?) {
+        return None;
+    }
+    let mut out = Vec::new();
+    for _ in 0..r.i32()?.max(0) {
+        let topic = r.string()?;
+        for _ in 0..r.i32()?.max(0) {
+            out.push((topic.clone(), r.i32()?));
+        }
+    }
+    out.sort();
+    Some(out)
+}
+
 impl Inner {
     fn fail(&self, what: String, e: KafkaError) -> Error {
         Error::Other(format!("kafka at {}: cannot {what}: {e}", self.servers))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assignment(version: i16, topics: &[(&str, &[i32])], tail: &[u8]) -> Vec<u8> {
+        let mut b = version.to_be_bytes().to_vec();
+        b.extend((topics.len() as i32).to_be_bytes());
+        for (t, parts) in topics {
+            b.extend((t.len() as i16).to_be_bytes());
+            b.extend(t.as_bytes());
+            b.extend((parts.len() as i32).to_be_bytes());
+            for p in *parts {
+                b.extend(p.to_be_bytes());
+            }
+        }
+        b.extend(tail);
+        b
+    }
+
+    #[test]
+    fn a_consumer_protocol_assignment_is_read_as_topic_partitions() {
+        // Version 1 with empty user data (-1) after the topics.
+        let bytes = assignment(1, &[("b", &[2, 0]), ("a", &[1])], &(-1i32).to_be_bytes());
+        let want = vec![
+            ("a".to_string(), 1),
+            ("b".to_string(), 0),
+            ("b".to_string(), 2),
+        ];
+        assert_eq!(consumer_assignment(&bytes), Some(want));
+        assert_eq!(consumer_assignment(&assignment(0, &[], &[])), Some(vec![]));
+    }
+
+    #[test]
+    fn a_malformed_or_foreign_assignment_is_none() {
+        let bytes = assignment(1, &[("topic", &[0, 1])], &[]);
+        // Cut inside the partitions, an unknown version, nothing at all.
+        assert_eq!(consumer_assignment(&bytes[..bytes.len() - 2]), None);
+        assert_eq!(
+            consumer_assignment(&assignment(7, &[("t", &[0])], &[])),
+            None
+        );
+        assert_eq!(consumer_assignment(&[]), None);
     }
 }

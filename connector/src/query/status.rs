@@ -1,14 +1,19 @@
 //! `status`: the head commit, deferred edges per edge type, the reject
-//! count, and the consumer group's committed offset, end offset and lag per
-//! mapped partition. It reads; it never joins the group.
+//! count, storage, each MemWAL shard's writer epoch and fold progress; the
+//! consumer group's members with their partitions, and its committed
+//! offset, end offset and lag per mapped partition. It reads; it never
+//! joins the group or claims a shard.
+
+use lance::dataset::mem_wal::DatasetMemWalExt;
 
 use crate::config::Config;
 use crate::error::{Context, Result};
 use crate::graph::{Graph, GraphCommit};
-use crate::kafka::queries::MissingTopic;
+use crate::kafka::queries::{GroupMembers, MissingTopic};
 use crate::kafka::OffsetQueries;
 use crate::retention::{graph_storage, TableStorage};
 use crate::schema::REJECTS_TABLE;
+use crate::shards::{compacted_markers, latest_manifest, shard_id, shard_owner, ShardOwner};
 use crate::types::now_ms;
 
 /// The graph side of `status`, at the head commit.
@@ -23,6 +28,29 @@ pub struct GraphStatus {
     /// Bytes per table by kind (base, WAL, generations, old versions),
     /// `__manifest` last.
     pub storage: Vec<TableStorage>,
+    /// Every MemWAL shard, by table then bucket.
+    pub shards: Vec<ShardState>,
+}
+
+/// One MemWAL shard: who last claimed it (its epoch) and how far the
+/// published graph has folded it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ShardState {
+    pub table: String,
+    pub bucket: u32,
+    pub shard: uuid::Uuid,
+    /// The epoch of the shard's last writer: each claim (a `run` session
+    /// opening its writers, an offline `fold`) raises it by one.
+    pub writer_epoch: u64,
+    /// The generation its live memtable will flush as.
+    pub current_generation: u64,
+    /// Generations up to this one are in the head commit's tables.
+    pub folded_upto: u64,
+    /// Flushed generations the head has not folded yet.
+    pub unfolded: usize,
+    /// The process that claimed the shard at `writer_epoch`, when it left
+    /// a note (`None`: no note, or one from an older epoch).
+    pub owner: Option<ShardOwner>,
 }
 
 impl GraphStatus {
@@ -63,6 +91,8 @@ impl PartitionStatus {
 #[derive(Debug, Clone)]
 pub struct KafkaStatus {
     pub group: String,
+    /// The group's members and what each holds.
+    pub members: GroupMembers,
     pub partitions: Vec<PartitionStatus>,
     /// Mapped topics the broker does not know.
     pub missing: Vec<MissingTopic>,
@@ -109,13 +139,53 @@ pub async fn graph_status(config: &Config) -> Result<GraphStatus> {
         None => 0,
     };
     let storage = graph_storage(&graph).await?;
+    let shards = shard_states(&graph, &head).await?;
     Ok(GraphStatus {
         head,
         now,
         pending,
         rejects,
         storage,
+        shards,
     })
+}
+
+/// Each MemWAL shard of the head's tables, from its stored manifest (not a
+/// writer's view) and the marker at the head's pinned version.
+async fn shard_states(graph: &Graph, head: &GraphCommit) -> Result<Vec<ShardState>> {
+    let mut out = Vec::new();
+    for (table, &version) in &head.tables {
+        let ds = graph.open_table(table, Some(version)).await?;
+        let Some(details) = ds.mem_wal_index_details().await.ctx(table)? else {
+            continue;
+        };
+        let markers = compacted_markers(&ds).await?;
+        for bucket in 0..details.num_shards {
+            let shard = shard_id(table, bucket);
+            let folded_upto = markers.get(&shard).copied().unwrap_or(0);
+            let m = latest_manifest(&ds, shard).await?;
+            let writer_epoch = m.as_ref().map_or(0, |m| m.writer_epoch);
+            let owner = shard_owner(graph, shard)
+                .await?
+                .filter(|o| o.epoch == writer_epoch);
+            out.push(ShardState {
+                table: table.clone(),
+                bucket,
+                shard,
+                writer_epoch,
+                current_generation: m.as_ref().map_or(0, |m| m.current_generation),
+                folded_upto,
+                unfolded: m.as_ref().map_or(0, |m| {
+                    m.sstables
+                        .iter()
+                        .filter(|g| g.generation > folded_upto)
+                        .count()
+                }),
+                owner,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Committed offsets of the config's group and watermarks of every
@@ -128,6 +198,7 @@ pub async fn kafka_status(config: &Config) -> Result<KafkaStatus> {
     let found = queries.partitions(topics).await?;
     let committed = queries.committed(found.partitions.clone()).await?;
     let marks = queries.watermarks(found.partitions.clone()).await?;
+    let members = queries.members().await?;
     let partitions = found
         .partitions
         .into_iter()
@@ -144,6 +215,7 @@ pub async fn kafka_status(config: &Config) -> Result<KafkaStatus> {
         .collect();
     Ok(KafkaStatus {
         group: queries.group().to_string(),
+        members,
         partitions,
         missing: found.missing,
     })
@@ -168,6 +240,7 @@ mod tests {
         assert_eq!(p(Some(12), 0, 10).lag(), 0);
         let k = KafkaStatus {
             group: "g".into(),
+            members: Default::default(),
             partitions: vec![p(Some(3), 0, 10), p(None, 4, 10)],
             missing: vec![],
         };
