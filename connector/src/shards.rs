@@ -119,17 +119,32 @@ pub fn holder() -> String {
     format!("{host} pid {}", std::process::id())
 }
 
-/// Notes this process as the holder of `shard` at `epoch`. Informational
-/// (`status`), so a failure to write it is logged, not fatal.
-async fn note_owner(graph: &Graph, shard: Uuid, epoch: u64) {
-    let owner = ShardOwner {
-        epoch,
-        holder: holder(),
-        claimed_at: crate::types::now_ms(),
-    };
-    let body = serde_json::to_vec(&owner).expect("serializable");
-    if let Err(e) = graph.store().put(&owner_uri(graph, shard), &body).await {
-        tracing::warn!(%shard, error = %e, "could not note this process as the shard's owner");
+/// Notes this process as the claimant of each `(shard, epoch)`, all at
+/// once. Informational (`status`), so a failure is logged, not fatal, and
+/// a slow store cannot hold a session's start for more than a few seconds.
+async fn note_owners(graph: &Graph, claimed: &[(Uuid, u64)]) {
+    const BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+    let (me, at) = (holder(), crate::types::now_ms());
+    let writes = claimed.iter().map(|&(shard, epoch)| {
+        let owner = ShardOwner {
+            epoch,
+            holder: me.clone(),
+            claimed_at: at,
+        };
+        let body = serde_json::to_vec(&owner).expect("serializable");
+        async move {
+            if let Err(e) = graph.store().put(&owner_uri(graph, shard), &body).await {
+                tracing::warn!(%shard, error = %e, "could not note this process as the shard's claimant");
+            }
+        }
+    });
+    if tokio::time::timeout(BOUND, futures::future::join_all(writes))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "shard claimant notes not written within {BOUND:?}; status may not name this process"
+        );
     }
 }
 
@@ -199,6 +214,7 @@ impl ShardPool {
     /// replays the shard's WAL under a new epoch, fencing any older writer.
     pub async fn open(graph: &Graph, wal: &WalSettings, tables: &[String]) -> Result<ShardPool> {
         let mut out = BTreeMap::new();
+        let mut claimed = Vec::new();
         for table in tables {
             let ds = graph.open_table(table, None).await?;
             let details = ds
@@ -230,7 +246,7 @@ impl ShardPool {
                     .await
                     .map_err(|e| fenced_or(e, table, bucket, id, "open writer"))?;
                 tracing::debug!(table, bucket, epoch = writer.epoch(), "shard writer open");
-                note_owner(graph, id, writer.epoch()).await;
+                claimed.push((id, writer.epoch()));
                 shards.push(Shard {
                     table: table.clone(),
                     bucket,
@@ -248,6 +264,7 @@ impl ShardPool {
                 },
             );
         }
+        note_owners(graph, &claimed).await;
         Ok(ShardPool { tables: out })
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::error::Result;
 use crate::graph::GraphCommit;
+use crate::kafka::queries::GroupMember;
 use crate::query::status::{GraphStatus, KafkaStatus};
 use crate::query::{CheckSummary, GcReport, Snapshot, TableGc};
 use crate::rejects::Reject;
@@ -81,11 +82,12 @@ pub(super) fn snapshot(s: &Snapshot) {
 pub(super) fn graph_status(g: &GraphStatus) {
     let (head, now) = (&g.head, g.now);
     println!(
-        "head     {}  seq {}  {}  ({} ago)",
+        "head     {}  seq {}  {}  ({} ago)  by {}",
         head.id,
         head.seq,
         fmt_ms(head.created_at),
-        fmt_age(now - head.created_at)
+        fmt_age(now - head.created_at),
+        head.actor
     );
     for p in &g.pending {
         match p.oldest {
@@ -119,7 +121,7 @@ pub(super) fn graph_status(g: &GraphStatus) {
     let total: u64 = g.storage.iter().map(|s| s.total()).sum();
     println!("         {:<24} {:>10}", "total", fmt_bytes(total));
     println!(
-        "shards   {:<24} {:>6} {:>6} {:>10} {:>11} {:>8}  held by",
+        "shards   {:<24} {:>6} {:>6} {:>10} {:>11} {:>8}  claimed by",
         "table", "bucket", "epoch", "generation", "folded upto", "unfolded"
     );
     for s in &g.shards {
@@ -139,6 +141,10 @@ fn held(parts: &[TopicPartition]) -> String {
     let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
     for (t, p) in parts {
         by_topic.entry(t).or_default().push(*p);
+    }
+    for ps in by_topic.values_mut() {
+        ps.sort_unstable();
+        ps.dedup();
     }
     let runs = |ps: &[i32]| {
         let mut out: Vec<String> = Vec::new();
@@ -209,13 +215,25 @@ pub(super) fn fmt_bytes(b: u64) -> String {
 }
 
 pub(super) fn kafka_status(k: &KafkaStatus) {
-    let g = &k.members;
-    match g.state.as_str() {
-        "" => println!("kafka    group {} (unknown to the broker)", k.group),
-        state if g.protocol.is_empty() => println!("kafka    group {} ({state})", k.group),
-        state => println!("kafka    group {} ({state}, {})", k.group, g.protocol),
-    }
-    for m in &g.members {
+    let members: &[GroupMember] = match &k.members {
+        Err(e) => {
+            println!(
+                "kafka    group {} (members unknown: {})",
+                k.group,
+                one_line(e)
+            );
+            &[]
+        }
+        Ok(g) => {
+            match g.state.as_str() {
+                "" => println!("kafka    group {} (unknown to the broker)", k.group),
+                state if g.protocol.is_empty() => println!("kafka    group {} ({state})", k.group),
+                state => println!("kafka    group {} ({state}, {})", k.group, g.protocol),
+            }
+            &g.members
+        }
+    };
+    for m in members {
         let holds = match &m.assigned {
             Some(parts) if parts.is_empty() => "nothing".to_string(),
             Some(parts) => held(parts),
@@ -256,6 +274,7 @@ pub(super) fn status_json(g: &GraphStatus, kafka: &Result<KafkaStatus>) {
             "seq": head.seq,
             "created_at": head.created_at,
             "age_ms": now - head.created_at,
+            "actor": head.actor,
         },
         "pending": g.pending.iter().map(|p| serde_json::json!({
             "edge": p.edge,
@@ -280,9 +299,10 @@ pub(super) fn status_json(g: &GraphStatus, kafka: &Result<KafkaStatus>) {
 fn kafka_json(k: &KafkaStatus) -> serde_json::Value {
     serde_json::json!({
         "group": k.group,
-        "group_state": k.members.state,
-        "assignor": k.members.protocol,
-        "members": k.members.members.iter().map(|m| serde_json::json!({
+        "group_state": k.members.as_ref().ok().map(|g| &g.state),
+        "assignor": k.members.as_ref().ok().map(|g| &g.protocol),
+        "members_error": k.members.as_ref().err(),
+        "members": k.members.as_ref().map(|g| g.members.as_slice()).unwrap_or_default().iter().map(|m| serde_json::json!({
             "member_id": m.member_id,
             "client_id": m.client_id,
             "host": m.host,
@@ -435,8 +455,10 @@ mod held_tests {
         .iter()
         .map(|(t, p)| (t.to_string(), *p))
         .collect();
-        let mut sorted = parts.clone();
-        sorted.sort();
-        assert_eq!(held(&sorted), "a/0-2,5,7-8 b/0");
+        assert_eq!(held(&parts), "a/0-2,5,7-8 b/0");
+        let mut shuffled = parts.clone();
+        shuffled.reverse();
+        shuffled.push(("a".to_string(), 1));
+        assert_eq!(held(&shuffled), "a/0-2,5,7-8 b/0");
     }
 }

@@ -180,7 +180,10 @@ impl OffsetQueries {
                     member_id: m.id().to_string(),
                     client_id: m.client_id().to_string(),
                     host: m.client_host().to_string(),
-                    assigned: m.assignment().and_then(consumer_assignment),
+                    // Only a consumer group's bytes are in this format.
+                    assigned: (g.protocol_type() == "consumer")
+                        .then(|| m.assignment().and_then(consumer_assignment))
+                        .flatten(),
                 })
                 .collect();
             members.sort_by(|a, b| (&a.client_id, &a.member_id).cmp(&(&b.client_id, &b.member_id)));
@@ -227,9 +230,10 @@ pub struct GroupMember {
 }
 
 /// Parses a classic consumer-protocol assignment (Kafka's
-/// `ConsumerProtocolAssignment`, versions 0–3: `i16` version, then an array
-/// of topics, each a string and an array of `i32` partitions; user data
-/// and later fields follow and are not needed). `None` if malformed.
+/// `ConsumerProtocolAssignment`: `i16` version, then an array of topics,
+/// each a string and an array of `i32` partitions; user data and later
+/// fields follow and are not needed). Versions past 3 are read as 3, as
+/// Kafka does. `None` if malformed.
 pub(crate) fn consumer_assignment(bytes: &[u8]) -> Option<Vec<TopicPartition>> {
     struct Reader<'a>(&'a [u8]);
     impl Reader<'_> {
@@ -252,7 +256,7 @@ pub(crate) fn consumer_assignment(bytes: &[u8]) -> Option<Vec<TopicPartition>> {
         }
     }
     let mut r = Reader(bytes);
-    if !(0..=3).contains(&r.i16()?) {
+    if r.i16()? < 0 {
         return None;
     }
     let mut out = Vec::new();
@@ -302,15 +306,21 @@ mod tests {
         ];
         assert_eq!(consumer_assignment(&bytes), Some(want));
         assert_eq!(consumer_assignment(&assignment(0, &[], &[])), Some(vec![]));
+        // A later version keeps the same prefix.
+        let later = assignment(7, &[("t", &[3])], &[9, 9, 9]);
+        assert_eq!(
+            consumer_assignment(&later),
+            Some(vec![("t".to_string(), 3)])
+        );
     }
 
     #[test]
     fn a_malformed_or_foreign_assignment_is_none() {
         let bytes = assignment(1, &[("topic", &[0, 1])], &[]);
-        // Cut inside the partitions, an unknown version, nothing at all.
+        // Cut inside the partitions, a negative version, nothing at all.
         assert_eq!(consumer_assignment(&bytes[..bytes.len() - 2]), None);
         assert_eq!(
-            consumer_assignment(&assignment(7, &[("t", &[0])], &[])),
+            consumer_assignment(&assignment(-1, &[("t", &[0])], &[])),
             None
         );
         assert_eq!(consumer_assignment(&[]), None);

@@ -49,7 +49,8 @@ pub struct ShardState {
     /// Flushed generations the head has not folded yet.
     pub unfolded: usize,
     /// The process that claimed the shard at `writer_epoch`, when it left
-    /// a note (`None`: no note, or one from an older epoch).
+    /// a note (`None`: no note, one from an older epoch, or unreadable).
+    /// It may have exited since: nothing clears a note.
     pub owner: Option<ShardOwner>,
 }
 
@@ -91,8 +92,9 @@ impl PartitionStatus {
 #[derive(Debug, Clone)]
 pub struct KafkaStatus {
     pub group: String,
-    /// The group's members and what each holds.
-    pub members: GroupMembers,
+    /// The group's members and what each holds; the error text if the
+    /// coordinator could not be asked (offsets and lag still show).
+    pub members: std::result::Result<GroupMembers, String>,
     pub partitions: Vec<PartitionStatus>,
     /// Mapped topics the broker does not know.
     pub missing: Vec<MissingTopic>,
@@ -165,9 +167,15 @@ async fn shard_states(graph: &Graph, head: &GraphCommit) -> Result<Vec<ShardStat
             let folded_upto = markers.get(&shard).copied().unwrap_or(0);
             let m = latest_manifest(&ds, shard).await?;
             let writer_epoch = m.as_ref().map_or(0, |m| m.writer_epoch);
-            let owner = shard_owner(graph, shard)
-                .await?
-                .filter(|o| o.epoch == writer_epoch);
+            // A note is informational: one that cannot be read is shown as
+            // unknown rather than failing the whole status.
+            let owner = match shard_owner(graph, shard).await {
+                Ok(o) => o.filter(|o| o.epoch == writer_epoch),
+                Err(e) => {
+                    tracing::warn!(%shard, error = %e, "cannot read the shard's owner note");
+                    None
+                }
+            };
             out.push(ShardState {
                 table: table.clone(),
                 bucket,
@@ -198,7 +206,7 @@ pub async fn kafka_status(config: &Config) -> Result<KafkaStatus> {
     let found = queries.partitions(topics).await?;
     let committed = queries.committed(found.partitions.clone()).await?;
     let marks = queries.watermarks(found.partitions.clone()).await?;
-    let members = queries.members().await?;
+    let members = queries.members().await.map_err(|e| e.to_string());
     let partitions = found
         .partitions
         .into_iter()
@@ -240,7 +248,7 @@ mod tests {
         assert_eq!(p(Some(12), 0, 10).lag(), 0);
         let k = KafkaStatus {
             group: "g".into(),
-            members: Default::default(),
+            members: Ok(Default::default()),
             partitions: vec![p(Some(3), 0, 10), p(None, 4, 10)],
             missing: vec![],
         };
