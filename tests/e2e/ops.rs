@@ -182,6 +182,14 @@ async fn ready_follows_the_group_join_and_a_fencing() {
         assert!(!s.is_empty(), "no shards of nodes/Person");
         s
     };
+    // Every shard's epoch rose: `who` claimed them all.
+    let rose = |before: &[u64], after: &[u64], who: &str| {
+        assert_eq!(before.len(), after.len(), "{who}");
+        assert!(
+            before.iter().zip(after).all(|(b, a)| a > b),
+            "{who} claimed every shard: {before:?} → {after:?}"
+        );
+    };
     let epochs = |s: &[graphsink::ShardState]| s.iter().map(|s| s.writer_epoch).collect::<Vec<_>>();
     let held_by = |s: &[graphsink::ShardState]| {
         s.iter()
@@ -214,11 +222,7 @@ async fn ready_follows_the_group_join_and_a_fencing() {
     assert_eq!(err.kind(), graphsink::ErrorKind::Fenced, "{err}");
     let now = shards().await;
     let fenced = epochs(&now);
-    assert_eq!(fenced.len(), running.len());
-    assert!(
-        fenced.iter().zip(&running).all(|(f, r)| f > r),
-        "the offline fold claimed every shard: {running:?} → {fenced:?}"
-    );
+    rose(&running, &fenced, "the offline fold");
     // The fold was another process.
     assert!(
         held_by(&now)
@@ -242,12 +246,7 @@ async fn ready_follows_the_group_join_and_a_fencing() {
     )
     .await;
     let now = shards().await;
-    let reclaimed = epochs(&now);
-    assert_eq!(reclaimed.len(), fenced.len());
-    assert!(
-        reclaimed.iter().zip(&fenced).all(|(n, f)| n > f),
-        "the new run claimed every shard: {fenced:?} → {reclaimed:?}"
-    );
+    rose(&fenced, &epochs(&now), "the new run");
     assert!(
         held_by(&now).iter().all(|h| h.as_ref() == Some(&me)),
         "{now:?}"
