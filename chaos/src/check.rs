@@ -371,11 +371,11 @@ pub struct Expected {
     pub items: BTreeMap<String, Vec<Msg>>,
     pub links: BTreeMap<String, Vec<Msg>>,
     /// Every record that must be rejected: coordinates → expected code.
-    pub rejects: BTreeMap<(String, i32, i64), String>,
+    pub rejects: BTreeMap<Coords, String>,
     /// Copies of one fold-rejected record (a producer retry wrote it twice:
     /// same topic and key). A fold that sees both keeps one row per edge
     /// id, so one reject among the copies is enough.
-    pub copies: BTreeMap<(String, i32, i64), Vec<(String, i32, i64)>>,
+    pub copies: BTreeMap<Coords, Vec<Coords>>,
 }
 
 type Coords = (String, i32, i64);
@@ -591,7 +591,7 @@ fn same_state(
         let row = held.first().copied();
         let floor = match below {
             None => recs.len() - 1,
-            Some(b) => match recs.iter().rposition(|m| b(m)) {
+            Some(b) => match recs.iter().rposition(b) {
                 Some(i) => i,
                 None => {
                     // Nothing of this key is acked: any of its records or none.
@@ -771,20 +771,21 @@ fn dead_letters_cover(
                 h("__connect.errors.offset").parse().unwrap_or(-1),
             );
             match rows.get(id) {
-                Some((c, code)) => {
-                    if *c != src || h("__connect.errors.exception.class.name") != *code {
-                        errors.push(format!(
-                            "dead letter {id} says {}/{}@{} {} but its row says {}/{}@{} {code}",
-                            src.0,
-                            src.1,
-                            src.2,
-                            h("__connect.errors.exception.class.name"),
-                            c.0,
-                            c.1,
-                            c.2
-                        ));
-                    }
+                Some((c, code))
+                    if *c != src || h("__connect.errors.exception.class.name") != *code =>
+                {
+                    errors.push(format!(
+                        "dead letter {id} says {}/{}@{} {} but its row says {}/{}@{} {code}",
+                        src.0,
+                        src.1,
+                        src.2,
+                        h("__connect.errors.exception.class.name"),
+                        c.0,
+                        c.1,
+                        c.2
+                    ));
                 }
+                Some(_) => {}
                 None if acked.is_none_or(|a| a(&src)) => {
                     errors.push(format!(
                         "dead-letter topic: reject {id} ({}/{}@{}) is not in _ingest_rejects",

@@ -12,7 +12,7 @@ use crate::error::Result;
 
 /// What creating one topic came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Created {
+pub(crate) enum TopicCreation {
     Created,
     Exists,
     Failed(String),
@@ -22,7 +22,7 @@ pub(crate) enum Created {
 #[derive(Debug, Clone)]
 pub(crate) struct TopicOutcome {
     pub topic: String,
-    pub outcome: Created,
+    pub outcome: TopicCreation,
 }
 
 /// Creates `names` with `partitions` partitions each (replication 1),
@@ -46,15 +46,15 @@ pub(crate) async fn create_topics(
         .map(|r| match r {
             Ok(topic) => TopicOutcome {
                 topic,
-                outcome: Created::Created,
+                outcome: TopicCreation::Created,
             },
             Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => TopicOutcome {
                 topic,
-                outcome: Created::Exists,
+                outcome: TopicCreation::Exists,
             },
             Err((topic, e)) => TopicOutcome {
                 topic,
-                outcome: Created::Failed(e.to_string()),
+                outcome: TopicCreation::Failed(e.to_string()),
             },
         })
         .collect())

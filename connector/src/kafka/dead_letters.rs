@@ -12,7 +12,7 @@ use futures::future::join_all;
 use rdkafka::producer::FutureProducer;
 use tokio_util::sync::CancellationToken;
 
-use super::admin::{self, Created};
+use super::admin::{self, TopicCreation};
 use super::client;
 use super::client_log::ClientLog;
 use super::record::{reject_record, Purpose};
@@ -140,9 +140,9 @@ impl DeadLetters {
         for o in outcomes {
             let t = &o.topic;
             match o.outcome {
-                Created::Created => tracing::info!(topic = %t, "created dead-letter topic"),
-                Created::Exists => tracing::debug!(topic = %t, "dead-letter topic exists"),
-                Created::Failed(e) => {
+                TopicCreation::Created => tracing::info!(topic = %t, "created dead-letter topic"),
+                TopicCreation::Exists => tracing::debug!(topic = %t, "dead-letter topic exists"),
+                TopicCreation::Failed(e) => {
                     ready = false;
                     tracing::warn!(topic = %t, error = %e, "cannot create dead-letter topic")
                 }

@@ -27,9 +27,9 @@ pub(crate) async fn ensure_topic(config: &Config, topic: &str, partitions: i32) 
     let cc = client::producer_config(&config.kafka);
     for o in admin::create_topics(&cc, &[topic], partitions).await? {
         match o.outcome {
-            admin::Created::Created => tracing::info!(topic, partitions, "created topic"),
-            admin::Created::Exists => {}
-            admin::Created::Failed(e) => {
+            admin::TopicCreation::Created => tracing::info!(topic, partitions, "created topic"),
+            admin::TopicCreation::Exists => {}
+            admin::TopicCreation::Failed(e) => {
                 return Err(Error::Other(format!("create topic {}: {e}", o.topic)))
             }
         }

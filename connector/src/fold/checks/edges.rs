@@ -68,7 +68,7 @@ pub(crate) fn check_edge_table(
     let mut out = EdgeOutcome::default();
     let overflow = bound_pending(ty, ctx.policies.max_pending_edges, &mut res.deferred)?;
     out.change.rejected += (res.rejections.len() + overflow.len()) as u64;
-    out.rejections.extend(res.rejections.drain(..));
+    out.rejections.append(&mut res.rejections);
     out.rejections.extend(overflow);
     let resolved = rows_of(&ty.table_schema, &res.resolved)?;
     let kept = constrain(ctx, ty, ends, resolved, deletes, cascaded)?;
