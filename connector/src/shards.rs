@@ -11,7 +11,7 @@ use lance::dataset::mem_wal::{
     ShardWriter, ShardWriterConfig,
 };
 use lance::Dataset;
-use lance_index::mem_wal::{ShardManifest, ShardingSpec};
+use lance_index::mem_wal::{MemWalIndexDetails, ShardManifest, ShardingSpec};
 use uuid::Uuid;
 
 use crate::config::WalSettings;
@@ -79,14 +79,16 @@ pub async fn latest_manifest(ds: &Dataset, shard: Uuid) -> Result<Option<ShardMa
 /// fold writes it, the planner and retention read it.
 pub async fn compacted_markers(ds: &Dataset) -> Result<HashMap<Uuid, u64>> {
     let details = ds.mem_wal_index_details().await.ctx(ds.uri())?;
-    Ok(details
-        .map(|d| {
-            d.compacted_sstables
-                .iter()
-                .map(|c| (c.shard_id, c.generation))
-                .collect()
-        })
-        .unwrap_or_default())
+    Ok(details.as_ref().map(markers_of).unwrap_or_default())
+}
+
+/// The compacted generation marker of each shard in a MemWAL index's details.
+pub fn markers_of(details: &MemWalIndexDetails) -> HashMap<Uuid, u64> {
+    details
+        .compacted_sstables
+        .iter()
+        .map(|c| (c.shard_id, c.generation))
+        .collect()
 }
 
 /// Who claimed a shard last, as that process noted it beside the graph

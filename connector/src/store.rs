@@ -72,6 +72,14 @@ impl Store {
         }
     }
 
+    /// The store holding the single object at `uri`, and its path there.
+    async fn object(
+        &self,
+        uri: &str,
+    ) -> lance::Result<(Arc<ObjectStore>, object_store::path::Path)> {
+        ObjectStore::from_uri_and_params(self.registry.clone(), uri, &self.params()).await
+    }
+
     /// Opens the latest version of the dataset at `uri`.
     pub async fn open(&self, uri: &str) -> lance::Result<Dataset> {
         DatasetBuilder::from_uri(uri)
@@ -86,8 +94,7 @@ impl Store {
     /// no-clobber create, an S3 conditional PUT), so exactly one of several
     /// racing callers gets `true`.
     pub async fn create_if_absent(&self, uri: &str, content: &[u8]) -> lance::Result<bool> {
-        let (store, path) =
-            ObjectStore::from_uri_and_params(self.registry.clone(), uri, &self.params()).await?;
+        let (store, path) = self.object(uri).await?;
         let create = object_store::PutOptions {
             mode: object_store::PutMode::Create,
             ..Default::default()
@@ -105,8 +112,7 @@ impl Store {
 
     /// Writes `content` to the object at `uri`, replacing it.
     pub async fn put(&self, uri: &str, content: &[u8]) -> lance::Result<()> {
-        let (store, path) =
-            ObjectStore::from_uri_and_params(self.registry.clone(), uri, &self.params()).await?;
+        let (store, path) = self.object(uri).await?;
         object_store::ObjectStoreExt::put(store.inner.as_ref(), &path, content.to_vec().into())
             .await?;
         Ok(())
@@ -114,8 +120,7 @@ impl Store {
 
     /// The object at `uri`; `None` if it does not exist.
     pub async fn get(&self, uri: &str) -> lance::Result<Option<Vec<u8>>> {
-        let (store, path) =
-            ObjectStore::from_uri_and_params(self.registry.clone(), uri, &self.params()).await?;
+        let (store, path) = self.object(uri).await?;
         match object_store::ObjectStoreExt::get(store.inner.as_ref(), &path).await {
             Ok(got) => Ok(Some(got.bytes().await?.to_vec())),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -126,8 +131,7 @@ impl Store {
     /// How long ago the object at `uri` was last written; `None` if it does
     /// not exist.
     pub async fn age(&self, uri: &str) -> lance::Result<Option<std::time::Duration>> {
-        let (store, path) =
-            ObjectStore::from_uri_and_params(self.registry.clone(), uri, &self.params()).await?;
+        let (store, path) = self.object(uri).await?;
         match object_store::ObjectStoreExt::head(store.inner.as_ref(), &path).await {
             Ok(meta) => {
                 let age = chrono::Utc::now().signed_duration_since(meta.last_modified);

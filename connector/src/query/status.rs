@@ -13,7 +13,7 @@ use crate::kafka::queries::{GroupMembers, MissingTopic};
 use crate::kafka::OffsetQueries;
 use crate::retention::{graph_storage, TableStorage};
 use crate::schema::REJECTS_TABLE;
-use crate::shards::{compacted_markers, latest_manifest, shard_id, shard_owner, ShardOwner};
+use crate::shards::{latest_manifest, markers_of, shard_id, shard_owner, ShardOwner};
 use crate::types::now_ms;
 
 /// The graph side of `status`, at the head commit.
@@ -161,7 +161,7 @@ async fn shard_states(graph: &Graph, head: &GraphCommit) -> Result<Vec<ShardStat
         let Some(details) = ds.mem_wal_index_details().await.ctx(table)? else {
             continue;
         };
-        let markers = compacted_markers(&ds).await?;
+        let markers = markers_of(&details);
         for bucket in 0..details.num_shards {
             let shard = shard_id(table, bucket);
             let folded_upto = markers.get(&shard).copied().unwrap_or(0);
