@@ -218,9 +218,21 @@ impl std::fmt::Debug for StorageOptions {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WalSettings {
-    /// Default buckets N per type (`bucket(id, N)`), 1..=1024. Fixed at init.
-    #[serde(default = "default_buckets")]
-    pub buckets: u32,
+    /// How a record finds its shard (docs/scale-out.md). Fixed at graph
+    /// creation, like N.
+    #[serde(default)]
+    pub sharding: Sharding,
+    /// Default buckets N per type (`bucket(id, N)`), 1..=1024. Fixed at
+    /// init. Refused under `sharding = "partition"`, where N is the
+    /// partition count of the type's topics.
+    #[serde(default)]
+    pub buckets: Option<u32>,
+    /// Under `sharding = "partition"`: the producers' partitioner, when
+    /// known. Each keyed record is then checked to sit on the partition
+    /// its key hashes to (`wrong_partition`), which catches a producer
+    /// with another partitioner, or a resized topic, record by record.
+    #[serde(default)]
+    pub partitioner: Option<Partitioner>,
     /// Longest time a put waits for its WAL entry; bounds durable-ack latency.
     #[serde(default = "default_flush_interval", with = "humantime_serde")]
     pub flush_interval: Duration,
@@ -238,6 +250,44 @@ pub struct WalSettings {
     /// Arrow batch per mapping, one put per shard).
     #[serde(default = "default_poll_records")]
     pub max_poll_records: usize,
+}
+
+/// How rows are spread over a table's MemWAL shards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharding {
+    /// `bucket(id, N)`: any key order from producers; one process owns
+    /// every shard (single instance).
+    #[default]
+    Bucket,
+    /// The record's source partition: producers key by the row id with one
+    /// partitioner, and the group's assignment is shard ownership.
+    Partition,
+}
+
+impl Sharding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sharding::Bucket => "bucket",
+            Sharding::Partition => "partition",
+        }
+    }
+}
+
+/// librdkafka's key partitioners, by its `partitioner` property's names
+/// (the `_random` forms differ only for records without a key, which
+/// partition sharding refuses anyway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partitioner {
+    /// Java's default (`murmur2_random` in librdkafka).
+    #[serde(alias = "murmur2_random")]
+    Murmur2,
+    /// CRC32, librdkafka's default (`consistent_random`).
+    #[serde(alias = "consistent_random")]
+    Consistent,
+    #[serde(alias = "fnv1a_random")]
+    Fnv1a,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -694,7 +744,25 @@ impl Config {
     }
 
     fn validate_wal(&self) -> Result<()> {
-        check_buckets("wal.buckets", self.wal.buckets)?;
+        if let Some(n) = self.wal.buckets {
+            check_buckets("wal.buckets", n)?;
+        }
+        if self.wal.partitioner.is_some() && self.wal.sharding != Sharding::Partition {
+            return Err(Error::config(
+                "wal.partitioner is for wal.sharding = \"partition\" (it checks that each record \
+                 sits on its key's partition)",
+            ));
+        }
+        if self.wal.sharding == Sharding::Partition {
+            let set =
+                self.wal.buckets.is_some() || self.mappings.iter().any(|m| m.buckets.is_some());
+            if set {
+                return Err(Error::config(
+                    "buckets cannot be set under wal.sharding = \"partition\": a type's shards \
+                     are its topics' partitions",
+                ));
+            }
+        }
         if self.wal.flush_interval.is_zero() {
             return Err(Error::config("wal.flush_interval must be positive"));
         }
@@ -756,8 +824,16 @@ impl Config {
         }
     }
 
+    /// Buckets N of a type no mapping overrides.
+    pub fn buckets_for_type(&self) -> u32 {
+        self.wal.buckets.unwrap_or_else(default_buckets)
+    }
+
     pub fn buckets_for(&self, mapping: &Mapping) -> u32 {
-        mapping.buckets.unwrap_or(self.wal.buckets)
+        mapping
+            .buckets
+            .or(self.wal.buckets)
+            .unwrap_or_else(default_buckets)
     }
 
     /// The mappings feeding a graph type.
@@ -966,7 +1042,9 @@ impl Default for RetentionSettings {
 impl Default for WalSettings {
     fn default() -> Self {
         Self {
-            buckets: default_buckets(),
+            sharding: Sharding::default(),
+            buckets: None,
+            partitioner: None,
             flush_interval: default_flush_interval(),
             max_memtable_rows: default_memtable_rows(),
             max_memtable_bytes: default_memtable_bytes(),
@@ -1064,7 +1142,8 @@ node = "Person"
     #[test]
     fn defaults_apply() {
         let c = Config::from_toml(MIN, Path::new("/etc/gs")).unwrap();
-        assert_eq!(c.wal.buckets, 4);
+        assert_eq!(c.wal.buckets, None);
+        assert_eq!(c.wal.sharding, Sharding::Bucket);
         assert_eq!(c.root_uri(), "/etc/gs/data/graph");
         assert_eq!(c.mappings[0].node_key(), KeySource::Named(KeyOrigin::Value));
         assert_eq!(c.mappings[0].unknown_fields, UnknownFields::Reject);
@@ -1182,6 +1261,39 @@ node = "Person"
             let e = Config::from_toml(&t, Path::new("/")).unwrap_err();
             assert!(e.to_string().contains(says), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn partition_sharding_parses_and_refuses_buckets() {
+        let t = format!("{MIN}[wal]\nsharding = \"partition\"\n");
+        let c = Config::from_toml(&t, Path::new("/")).unwrap();
+        assert_eq!(c.wal.sharding, Sharding::Partition);
+        assert_eq!(c.wal.partitioner, None);
+        let t = format!("{MIN}[wal]\nsharding = \"partition\"\npartitioner = \"murmur2_random\"\n");
+        let c = Config::from_toml(&t, Path::new("/")).unwrap();
+        assert_eq!(c.wal.partitioner, Some(Partitioner::Murmur2));
+        let e = Config::from_toml(
+            &format!("{MIN}[wal]\npartitioner = \"fnv1a\"\n"),
+            Path::new("/"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("wal.partitioner is for"), "{e}");
+        for bad in [
+            format!("{MIN}[wal]\nsharding = \"partition\"\nbuckets = 4\n"),
+            format!("{MIN}buckets = 2\n[wal]\nsharding = \"partition\"\n"),
+        ] {
+            let e = Config::from_toml(&bad, Path::new("/")).unwrap_err();
+            assert!(
+                e.to_string().contains("partition count") || e.to_string().contains("partitions"),
+                "{e}"
+            );
+        }
+        let e = Config::from_toml(
+            &format!("{MIN}[wal]\nsharding = \"hash\"\n"),
+            Path::new("/"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("sharding"), "{e}");
     }
 
     #[test]

@@ -19,12 +19,12 @@ use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode}
 use lance::Dataset;
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
+use crate::config::{Config, Sharding};
 use crate::error::{Context, Error, Result};
 use crate::known_ids::KnownIds;
 use crate::schema::{
     manifest_schema, same_columns, GraphSchema, TableLayout, MANIFEST_PK, MANIFEST_TABLE,
-    REJECTS_TABLE,
+    REJECTS_TABLE, SRC_PARTITION,
 };
 use crate::store::Store;
 use crate::types::now_ms;
@@ -81,7 +81,54 @@ pub struct TableStats {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct SchemaRecord {
     source: String,
+    /// Shards per MemWAL table.
     buckets: BTreeMap<String, u32>,
+    /// Absent in graphs from before partition sharding: `bucket`.
+    #[serde(default)]
+    sharding: Sharding,
+    /// Under `partition`: each mapped topic's partition count at creation.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    partitions: BTreeMap<String, u32>,
+}
+
+/// How a graph's MemWAL tables are sharded, fixed at its creation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardLayout {
+    pub sharding: Sharding,
+    /// Shards N per MemWAL table path (graph types and `_ingest_rejects`).
+    pub counts: BTreeMap<String, u32>,
+    /// Under `partition`: partition count per mapped topic. The rejects
+    /// table has one shard per (topic, partition), topics in name order.
+    pub partitions: BTreeMap<String, u32>,
+}
+
+impl ShardLayout {
+    /// Under `partition`: the rejects shard of `(topic, partition)`.
+    pub fn source_shard(&self, topic: &str, partition: i32) -> Option<u32> {
+        let mut base = 0;
+        for (t, &n) in &self.partitions {
+            if t == topic {
+                return u32::try_from(partition)
+                    .ok()
+                    .filter(|&p| p < n)
+                    .map(|p| base + p);
+            }
+            base += n;
+        }
+        None
+    }
+
+    /// Under `partition`: the (topic, partition) of rejects shard `shard`.
+    pub fn shard_source(&self, shard: u32) -> Option<(&str, i32)> {
+        let mut base = 0;
+        for (t, &n) in &self.partitions {
+            if shard < base + n {
+                return Some((t.as_str(), (shard - base) as i32));
+            }
+            base += n;
+        }
+        None
+    }
 }
 
 /// An open graph root.
@@ -90,23 +137,40 @@ pub struct Graph {
     root: String,
     store: Store,
     pub(crate) schema: Arc<GraphSchema>,
-    /// Buckets N per MemWAL table path (graph types and `_ingest_rejects`).
+    /// Buckets N per MemWAL table path (graph types and `_ingest_rejects`),
+    /// as the graph was created with.
     pub(crate) buckets: BTreeMap<String, u32>,
+    /// The mode, and the topics' partition counts under `partition`.
+    pub(crate) layout: Arc<ShardLayout>,
     /// Node ids the fold keeps between folds (shared by clones).
     pub(crate) known_ids: Arc<KnownIds>,
 }
 
 impl Graph {
-    /// Opens the graph, creating it on first start; refuses an incompatible one.
+    /// Opens the graph, creating it on first start; refuses an incompatible
+    /// one. Under `wal.sharding = "partition"` a new graph needs its
+    /// topics' partition counts: see `open_or_init_with`.
     pub async fn open_or_init(config: &Config, schema: GraphSchema) -> Result<Graph> {
-        let buckets = buckets_per_table(config, &schema)?;
+        Graph::open_or_init_with(config, schema, None).await
+    }
+
+    /// `open_or_init`, with the mapped topics' partition counts (topic →
+    /// count) as the broker reports them, which partition sharding fixes
+    /// at creation and checks at every start.
+    pub async fn open_or_init_with(
+        config: &Config,
+        schema: GraphSchema,
+        partitions: Option<&BTreeMap<String, u32>>,
+    ) -> Result<Graph> {
+        let layout = shard_layout(config, &schema, partitions)?;
         // Debug of the options shows harmless values only (no credentials).
-        tracing::info!(root = %config.root_uri(), storage_options = ?config.graph.storage_options, "opening graph");
-        let graph = Graph {
+        tracing::info!(root = %config.root_uri(), storage_options = ?config.graph.storage_options, sharding = layout.sharding.as_str(), "opening graph");
+        let mut graph = Graph {
             root: config.root_uri(),
             store: Store::new(&config.graph.storage_options),
             schema: Arc::new(schema),
-            buckets,
+            buckets: layout.counts.clone(),
+            layout: Arc::new(layout),
             known_ids: Arc::new(KnownIds::new(config.fold.known_ids_max)),
         };
         match graph.open_manifest().await {
@@ -114,7 +178,41 @@ impl Graph {
             Err(e) if is_not_found(&e) => graph.init_once().await?,
             Err(e) => return Err(e),
         }
+        graph.adopt_record().await?;
         Ok(graph)
+    }
+
+    /// Takes the shard layout from the stored schema record: what the
+    /// graph was created with is what routing and folds must follow.
+    async fn adopt_record(&mut self) -> Result<()> {
+        let Some(record) = self.record().await? else {
+            return Ok(());
+        };
+        self.buckets = record.buckets.clone();
+        self.layout = Arc::new(ShardLayout {
+            sharding: record.sharding,
+            counts: record.buckets,
+            partitions: record.partitions,
+        });
+        Ok(())
+    }
+
+    /// The schema record written at init (absent only in a graph whose
+    /// init is not finished, which has no `__manifest` either).
+    async fn record(&self) -> Result<Option<SchemaRecord>> {
+        let ds = self.open_manifest().await?;
+        let rows = read_rows(&ds, &format!("object_id = '{SCHEMA_ID}'")).await?;
+        let Some(payload) = rows.first().and_then(|r| r.payload.as_deref()) else {
+            return Ok(None);
+        };
+        serde_json::from_str(payload)
+            .map(Some)
+            .map_err(|e| Error::Corrupt(format!("{}: schema record: {e}", self.root)))
+    }
+
+    /// How this graph's tables are sharded.
+    pub fn layout(&self) -> &ShardLayout {
+        &self.layout
     }
 
     /// Initialises a new graph once, however many processes start on it
@@ -171,8 +269,10 @@ impl Graph {
                 source: String::new(),
             }),
             buckets: BTreeMap::new(),
+            layout: Default::default(),
             known_ids: Arc::new(KnownIds::new(0)),
         };
+        let mut graph = graph;
         graph.open_manifest().await.map_err(|e| {
             if is_not_found(&e) {
                 Error::config(format!("no graph at {} (run graphsink first)", graph.root))
@@ -180,6 +280,7 @@ impl Graph {
                 e
             }
         })?;
+        graph.adopt_record().await?;
         Ok(graph)
     }
 
@@ -231,7 +332,14 @@ impl Graph {
     /// Each step tolerates having run before, so a crash mid-init is redone
     /// on the next start; `__manifest` is written last and marks completion.
     async fn init(&self) -> Result<()> {
-        tracing::info!(root = %self.root, "initialising graph");
+        if self.layout.sharding == Sharding::Partition && self.layout.partitions.is_empty() {
+            return Err(Error::config(format!(
+                "no graph at {} yet, and creating one with wal.sharding = \"partition\" needs \
+                 the mapped topics' partition counts: start it with graphsink run",
+                self.root
+            )));
+        }
+        tracing::info!(root = %self.root, sharding = self.layout.sharding.as_str(), "initialising graph");
         let mut tables = BTreeMap::new();
         for layout in self.schema.tables() {
             let n = self.buckets.get(&layout.name).copied();
@@ -241,6 +349,8 @@ impl Graph {
         let record = SchemaRecord {
             source: self.schema.source.clone(),
             buckets: self.buckets.clone(),
+            sharding: self.layout.sharding,
+            partitions: self.layout.partitions.clone(),
         };
         let commit = GraphCommit {
             id: new_commit_id(),
@@ -296,8 +406,18 @@ impl Graph {
             return Ok(ds);
         };
         if ds.mem_wal_index_details().await.ctx(&uri)?.is_none() {
-            ds.initialize_mem_wal()
-                .bucket_sharding(pk, buckets)
+            // The spec describes the routing to readers; graphsink routes
+            // (`shards`). Under `partition` a type's rows go by their source
+            // partition (identity; Lance then reports 0 shards, so N is the
+            // schema record's), and rejects by their (topic, partition),
+            // which no spec expresses: none is recorded for them.
+            let builder = ds.initialize_mem_wal();
+            let builder = match (self.layout.sharding, layout.name == REJECTS_TABLE) {
+                (Sharding::Bucket, _) => builder.bucket_sharding(pk, buckets),
+                (Sharding::Partition, false) => builder.identity_sharding(SRC_PARTITION),
+                (Sharding::Partition, true) => builder,
+            };
+            builder
                 .execute()
                 .await
                 .ctx(format!("initialise MemWAL on {uri}"))?;
@@ -335,19 +455,48 @@ impl Graph {
             let actual: Schema = ds.schema().into();
             same_columns(schema, &actual)
                 .map_err(|m| incompatible(format!("{table}: schema wants {m}")))?;
-            let Some(&n) = self.buckets.get(table) else {
-                continue;
-            };
-            let details = ds
-                .mem_wal_index_details()
-                .await
-                .ctx(table)?
-                .ok_or_else(|| incompatible(format!("{table} has no MemWAL")))?;
-            if details.num_shards != n {
-                return Err(incompatible(format!(
-                    "{table} was created with {} buckets, config asks for {n}",
-                    details.num_shards
-                )));
+            if self.buckets.contains_key(table)
+                && ds.mem_wal_index_details().await.ctx(table)?.is_none()
+            {
+                return Err(incompatible(format!("{table} has no MemWAL")));
+            }
+        }
+        let Some(record) = self.record().await? else {
+            return Ok(());
+        };
+        let want = &self.layout;
+        if record.sharding != want.sharding {
+            return Err(incompatible(format!(
+                "the graph was created with wal.sharding = \"{}\", config asks for \"{}\"",
+                record.sharding.as_str(),
+                want.sharding.as_str()
+            )));
+        }
+        if record.sharding == Sharding::Partition {
+            for (topic, &n) in &want.partitions {
+                match record.partitions.get(topic) {
+                    Some(&was) if was == n => {}
+                    Some(&was) => return Err(incompatible(format!(
+                        "topic {topic} had {was} partitions when the graph was created and has {n} now; \
+                         under partition sharding a topic's partitions are its shards and cannot change"
+                    ))),
+                    None => return Err(incompatible(format!(
+                        "topic {topic} was not mapped when the graph was created (topics: {}); \
+                         under partition sharding the mapped topics are fixed at creation",
+                        record.partitions.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ))),
+                }
+            }
+            return Ok(());
+        }
+        for (table, &n) in &want.counts {
+            match record.buckets.get(table) {
+                Some(&was) if was != n => {
+                    return Err(incompatible(format!(
+                        "{table} was created with {was} buckets, config asks for {n}"
+                    )))
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -524,10 +673,80 @@ impl Graph {
     }
 }
 
+/// The shard layout a config asks for. Under `partition`, a mapped type's
+/// N is its topics' partition count (they must agree: co-partitioned), an
+/// unmapped type's 1, and the rejects table has one shard per mapped
+/// (topic, partition).
+fn shard_layout(
+    config: &Config,
+    schema: &GraphSchema,
+    partitions: Option<&BTreeMap<String, u32>>,
+) -> Result<ShardLayout> {
+    let mut counts = buckets_per_table(config, schema)?;
+    let sharding = config.wal.sharding;
+    if sharding == Sharding::Bucket {
+        return Ok(ShardLayout {
+            sharding,
+            counts,
+            partitions: BTreeMap::new(),
+        });
+    }
+    let Some(partitions) = partitions else {
+        // An existing graph brings its own (`adopt_record`); a new one
+        // cannot be created without them (`init` refuses).
+        return Ok(ShardLayout {
+            sharding,
+            counts: BTreeMap::new(),
+            partitions: BTreeMap::new(),
+        });
+    };
+    let mut mapped = BTreeMap::new();
+    for t in &schema.types {
+        counts.insert(t.table.clone(), 1);
+    }
+    for m in &config.mappings {
+        let n = *partitions.get(&m.topic).ok_or_else(|| {
+            Error::config(format!(
+                "topic {} has no partition count (does it exist?); partition sharding needs \
+                 every mapped topic created first, with its final partition count",
+                m.topic
+            ))
+        })?;
+        mapped.insert(m.topic.clone(), n);
+        let table = &schema.get(m.type_name()).expect("checked above").table;
+        let other = config
+            .mappings
+            .iter()
+            .filter(|o| o.type_name() == m.type_name() && o.topic != m.topic)
+            .find(|o| partitions.get(&o.topic).is_some_and(|&k| k != n));
+        if let Some(o) = other {
+            return Err(Error::config(format!(
+                "topics {} ({n} partitions) and {} ({} partitions) both feed {}: under partition \
+                 sharding they must be co-partitioned (equal partition counts, one key, one \
+                 partitioner)",
+                m.topic,
+                o.topic,
+                partitions[&o.topic],
+                m.type_name()
+            )));
+        }
+        counts.insert(table.clone(), n);
+    }
+    counts.insert(
+        REJECTS_TABLE.to_string(),
+        mapped.values().sum::<u32>().max(1),
+    );
+    Ok(ShardLayout {
+        sharding,
+        counts,
+        partitions: mapped,
+    })
+}
+
 fn buckets_per_table(config: &Config, schema: &GraphSchema) -> Result<BTreeMap<String, u32>> {
     let mut out = BTreeMap::new();
     for t in &schema.types {
-        out.insert(t.table.clone(), config.wal.buckets);
+        out.insert(t.table.clone(), config.buckets_for_type());
     }
     // Rejects are few: one shard keeps their WAL small.
     out.insert(REJECTS_TABLE.to_string(), 1);

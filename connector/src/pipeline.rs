@@ -16,7 +16,7 @@ use rdkafka::message::{BorrowedMessage, Message};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, Tolerance};
+use crate::config::{Config, Sharding, Tolerance};
 use crate::decode::{RecordDecoder, SourceRecord};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoints;
@@ -218,7 +218,11 @@ async fn session(
 ) -> Result<()> {
     metrics.session_started();
     let schema = GraphSchema::load(&config.schema_path())?;
-    let graph = Graph::open_or_init(config, schema).await?;
+    let partitions = match config.wal.sharding {
+        Sharding::Partition => Some(partition_counts(config).await?),
+        Sharding::Bucket => None,
+    };
+    let graph = Graph::open_or_init_with(config, schema, partitions.as_ref()).await?;
     let policies = Policies::from_config(config);
     fold::recover(&graph, &policies).await?;
     let head = graph.head().await?;
@@ -299,6 +303,28 @@ async fn session(
     Ok(())
 }
 
+/// Each mapped topic's partition count, as the broker reports it; a topic
+/// the broker does not know is a configuration error under partition
+/// sharding, whose shards are the partitions.
+async fn partition_counts(config: &Config) -> Result<BTreeMap<String, u32>> {
+    let topics: BTreeSet<String> = config.mappings.iter().map(|m| m.topic.clone()).collect();
+    let found = OffsetQueries::connect(config)?
+        .partitions(topics.into_iter().collect())
+        .await?;
+    if let Some(m) = found.missing.first() {
+        return Err(Error::config(format!(
+            "topic {} ({}): under wal.sharding = \"partition\" every mapped topic must exist \
+             first, created with its final partition count",
+            m.topic, m.error
+        )));
+    }
+    let mut out = BTreeMap::new();
+    for (t, _) in found.partitions {
+        *out.entry(t).or_insert(0) += 1;
+    }
+    Ok(out)
+}
+
 /// One decoder per mapped topic.
 fn decoders(config: &Config, graph: &Graph) -> Result<HashMap<String, RecordDecoder>> {
     let mut decoders = HashMap::new();
@@ -308,7 +334,14 @@ fn decoders(config: &Config, graph: &Graph) -> Result<HashMap<String, RecordDeco
             m,
             config.wal.max_poll_records,
             config.errors.max_record_bytes,
-        )?;
+        )?
+        .partition_keyed(
+            graph.layout().sharding == Sharding::Partition,
+            config
+                .wal
+                .partitioner
+                .zip(graph.layout().partitions.get(&m.topic).map(|&n| n as i32)),
+        );
         decoders.insert(m.topic.clone(), decoder);
     }
     Ok(decoders)

@@ -121,6 +121,17 @@ named_enum! {
         Referenced => "referenced",
         /// More deferred edges than `max_pending_edges`.
         PendingOverflow => "pending_overflow",
+        /// Under `wal.sharding = "partition"`: the Kafka key is missing or
+        /// names another id than the row's, so the producer's partitioner
+        /// did not place the row by its id.
+        PartitionKeyMismatch => "partition_key_mismatch",
+        /// Under `wal.partitioner`: the record is not on the partition its
+        /// key hashes to (another partitioner, or a resized topic).
+        WrongPartition => "wrong_partition",
+        /// Under `wal.sharding = "partition"`: one fold read rows of one id
+        /// from two shards (source partitions); the lowest partition's row
+        /// stays, the others are refused (fold).
+        ShardConflict => "shard_conflict",
     }
 }
 
@@ -129,7 +140,8 @@ impl RejectCode {
         use RejectCode::*;
         match self {
             Enum | Range | Check => Stage::Validate,
-            EndpointNotFound | Cardinality | Unique | Referenced | PendingOverflow => Stage::Fold,
+            EndpointNotFound | Cardinality | Unique | Referenced | PendingOverflow
+            | ShardConflict => Stage::Fold,
             _ => Stage::Decode,
         }
     }

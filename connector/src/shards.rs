@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, Int32Array, RecordBatch, StringArray, UInt32Array};
+use arrow::datatypes::Int32Type;
 use lance::dataset::mem_wal::{
     evaluate_sharding_spec, BatchDurableWatcher, DatasetMemWalExt, FreezeFence, ShardManifestStore,
     ShardWriter, ShardWriterConfig,
@@ -14,9 +15,19 @@ use lance::Dataset;
 use lance_index::mem_wal::{MemWalIndexDetails, ShardManifest, ShardingSpec};
 use uuid::Uuid;
 
-use crate::config::WalSettings;
+use crate::config::{Sharding, WalSettings};
 use crate::error::{Context, Error, Result};
-use crate::graph::Graph;
+use crate::graph::{Graph, ShardLayout};
+use crate::schema::{REJECTS_TABLE, SRC_PARTITION};
+
+/// Shards N of a MemWAL table, as the graph was created with.
+pub fn shard_count(graph: &Graph, table: &str) -> Result<u32> {
+    graph
+        .buckets
+        .get(table)
+        .copied()
+        .ok_or_else(|| Error::Corrupt(format!("{table}: no shard count in the schema record")))
+}
 
 /// Namespace of graphsink's name-based shard ids.
 const SHARD_NAMESPACE: Uuid = Uuid::from_u128(0x6772_6170_6873_696e_6b00_0000_0000_0001);
@@ -164,11 +175,24 @@ pub struct Shard {
     pub writer: Arc<ShardWriter>,
 }
 
+/// How a table's rows find their shard.
+enum Router {
+    /// `bucket(id, N)`, by Lance's own sharding spec.
+    Spec {
+        spec: ShardingSpec,
+        lance_schema: lance_core::datatypes::Schema,
+    },
+    /// The row's source partition (`partition` sharding of a type table).
+    Partition,
+    /// The row's (topic, partition), numbered by the layout (`partition`
+    /// sharding of the rejects table).
+    Source(Arc<ShardLayout>),
+}
+
 /// The writers of one table plus what routing needs.
 pub struct TableShards {
     pub table: String,
-    spec: ShardingSpec,
-    lance_schema: lance_core::datatypes::Schema,
+    router: Router,
     /// The primary-key column each put is sorted by (see `route`).
     pk: Option<String>,
     pub shards: Vec<Shard>,
@@ -224,16 +248,28 @@ impl ShardPool {
                 .await
                 .ctx(table)?
                 .ok_or_else(|| Error::Corrupt(format!("{table} has no MemWAL")))?;
-            let spec = details
-                .sharding_specs
-                .first()
-                .cloned()
-                .ok_or_else(|| Error::Corrupt(format!("{table} has no sharding spec")))?;
+            let layout = graph.layout();
+            let router =
+                match layout.sharding {
+                    Sharding::Bucket => Router::Spec {
+                        spec: details.sharding_specs.first().cloned().ok_or_else(|| {
+                            Error::Corrupt(format!("{table} has no sharding spec"))
+                        })?,
+                        lance_schema: ds.schema().clone(),
+                    },
+                    Sharding::Partition if table == REJECTS_TABLE => {
+                        Router::Source(Arc::new(layout.clone()))
+                    }
+                    Sharding::Partition => Router::Partition,
+                };
+            // N as the graph was created with: Lance reports 0 shards for
+            // identity sharding.
+            let n = shard_count(graph, table)?;
             // Idempotent: a graph whose init crashed after `__manifest`, or a
             // first start, gets its shard manifests here, before any writer.
-            initialize_shards(&ds, table, details.num_shards).await?;
+            initialize_shards(&ds, table, n).await?;
             let mut shards = Vec::new();
-            for bucket in 0..details.num_shards {
+            for bucket in 0..n {
                 let id = shard_id(table, bucket);
                 let config = ShardWriterConfig {
                     durable_write: true,
@@ -259,9 +295,8 @@ impl ShardPool {
                 table.clone(),
                 TableShards {
                     table: table.clone(),
-                    spec,
+                    router,
                     pk: single_pk(ds.schema()),
-                    lance_schema: ds.schema().clone(),
                     shards,
                 },
             );
@@ -385,19 +420,56 @@ impl TableShards {
         if batch.num_rows() == 0 {
             return Ok(vec![]);
         }
-        let buckets = evaluate_sharding_spec(batch, &self.spec, &self.lance_schema)
-            .ctx(format!("route rows of {}", self.table))?;
-        let col = buckets
-            .column(0)
-            .as_any()
-            .downcast_ref::<Int32Array>()
-            .ok_or_else(|| Error::Corrupt("sharding spec did not yield Int32".into()))?;
+        let col = self.shard_of_rows(batch)?;
         let keys = self
             .pk
             .as_deref()
             .and_then(|pk| batch.column_by_name(pk))
             .and_then(|c| c.as_string_opt::<i32>());
-        split_by_bucket(batch, col, self.shards.len(), keys)
+        split_by_bucket(batch, &col, self.shards.len(), keys)
+    }
+
+    /// Each row's shard index, by the table's router.
+    fn shard_of_rows(&self, batch: &RecordBatch) -> Result<Int32Array> {
+        let column = |name: &str| {
+            batch.column_by_name(name).ok_or_else(|| {
+                Error::Corrupt(format!("rows of {} lack {name} to route by", self.table))
+            })
+        };
+        match &self.router {
+            Router::Spec { spec, lance_schema } => {
+                let buckets = evaluate_sharding_spec(batch, spec, lance_schema)
+                    .ctx(format!("route rows of {}", self.table))?;
+                buckets
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int32Array>()
+                    .cloned()
+                    .ok_or_else(|| Error::Corrupt("sharding spec did not yield Int32".into()))
+            }
+            Router::Partition => column(SRC_PARTITION)?
+                .as_primitive_opt::<Int32Type>()
+                .cloned()
+                .ok_or_else(|| Error::Corrupt(format!("{SRC_PARTITION} is not Int32"))),
+            Router::Source(layout) => {
+                let topics = column("topic")?.as_string_opt::<i32>().cloned();
+                let parts = column("partition")?
+                    .as_primitive_opt::<Int32Type>()
+                    .cloned();
+                let (Some(topics), Some(parts)) = (topics, parts) else {
+                    return Err(Error::Corrupt("rejects' topic/partition columns".into()));
+                };
+                Ok((0..batch.num_rows())
+                    .map(|i| {
+                        let (t, p) = (topics.is_valid(i), parts.is_valid(i));
+                        (t && p)
+                            .then(|| layout.source_shard(topics.value(i), parts.value(i)))
+                            .flatten()
+                            .map(|s| s as i32)
+                    })
+                    .collect())
+            }
+        }
     }
 
     /// Starts the WAL write of `batch` (rows) without waiting for durability.

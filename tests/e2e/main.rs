@@ -9,6 +9,7 @@ mod pipeline;
 mod recovery;
 mod rejects;
 mod retention;
+mod scaleout;
 mod storage;
 
 /// Writes the tracing output of in-process runs to the test's stderr.

@@ -18,13 +18,15 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 
-use crate::config::{Coerce, KeyOrigin, KeySource, Mapping, UnknownFields};
+use crate::config::{Coerce, KeyOrigin, KeySource, Mapping, Partitioner, UnknownFields};
 use crate::error::{Context, Error, Result};
 use crate::rejects::{owned_headers, Origin, Reject, RejectCode};
-use crate::schema::{canonical_ids, row_json, GraphSchema, GraphType, TypeKind, ID};
+use crate::schema::{canonical_ids, row_json, GraphSchema, GraphType, TypeKind, ID, SRC_PARTITION};
 use crate::validate::Validator;
 
+mod partitioner;
 mod screen;
+pub use partitioner::partition_of;
 use screen::ValueScreen;
 
 /// One consumed record, borrowed from the poll.
@@ -63,7 +65,7 @@ impl SourceRecord<'_> {
 pub struct Decoded {
     /// Rows in the table schema.
     pub upserts: Option<RecordBatch>,
-    /// A single `id` column.
+    /// `id` and the record's `_src_partition` (what partition sharding routes by).
     pub deletes: Option<RecordBatch>,
     /// Records refused, in poll order.
     pub rejects: Vec<Reject>,
@@ -168,6 +170,13 @@ pub struct RecordDecoder {
     /// "strict"`) numbers arrow-json would coerce silently.
     screen: ValueScreen,
     validator: Validator,
+    /// Under `partition` sharding, whether each row's id must be the one its
+    /// Kafka key names (not when the id is made from the key or the
+    /// record's coordinates, which agree by construction).
+    check_partition_key: bool,
+    /// Under `wal.partitioner`: the producers' partitioner and the topic's
+    /// partition count, to check each keyed record's partition.
+    placement: Option<(Partitioner, i32)>,
     /// Batch decodes run (see `part_or_split`).
     decodes: u64,
 }
@@ -216,8 +225,41 @@ impl RecordDecoder {
             max_record_bytes,
             screen,
             validator: Validator::new(ty)?,
+            check_partition_key: false,
+            placement: None,
             decodes: 0,
         })
+    }
+
+    /// Under `wal.sharding = "partition"`: the shard of a row is its source
+    /// partition, which the producer chose by the Kafka key, so a key that
+    /// names another id than the row's (or none) is refused as
+    /// `partition_key_mismatch` before the WAL.
+    ///
+    /// With `placement` (the producers' partitioner and the topic's
+    /// partition count), each keyed record must also sit on the partition
+    /// its key hashes to, or it is refused as `wrong_partition`, before
+    /// decoding (ids made of a record's coordinates excepted: any
+    /// partition is theirs).
+    pub fn partition_keyed(mut self, on: bool, placement: Option<(Partitioner, i32)>) -> Self {
+        let coordinates = matches!(
+            self.shape,
+            Shape::Edge {
+                id: EdgeId::Coordinates,
+                ..
+            }
+        );
+        self.placement = placement.filter(|_| on && !coordinates);
+        let by_construction = matches!(
+            self.shape,
+            Shape::Node(KeySource::Named(KeyOrigin::Kafka))
+                | Shape::Edge {
+                    id: EdgeId::Kafka | EdgeId::Coordinates,
+                    ..
+                }
+        );
+        self.check_partition_key = on && !by_construction;
+        self
     }
 
     pub fn graph_type(&self) -> &GraphType {
@@ -245,9 +287,16 @@ impl RecordDecoder {
         };
         let checked = self.check_constraints(records, upserts, part.up_idx)?;
         rejects.extend(checked.rejects);
+        let checked = self.check_partition_keys(records, checked.rows, checked.up_idx)?;
+        rejects.extend(checked.rejects);
         rejects.sort_by_key(|(i, _)| *i);
-        let mut out =
-            self.last_write_wins(checked.rows, &checked.up_idx, part.del_ids, &part.del_idx)?;
+        let mut out = self.last_write_wins(
+            records,
+            checked.rows,
+            &checked.up_idx,
+            part.del_ids,
+            &part.del_idx,
+        )?;
         out.rejects = rejects.into_iter().map(|(_, r)| r).collect();
         Ok(out)
     }
@@ -268,6 +317,10 @@ impl RecordDecoder {
                     );
                     rejects.push((i, self.reject(r, RejectCode::Oversized, m, None)));
                 }
+                _ if self.misplaced(r).is_some() => {
+                    let m = self.misplaced(r).expect("just seen");
+                    rejects.push((i, self.reject(r, RejectCode::WrongPartition, m, None)));
+                }
                 Some(v) => match self.screen.check(v) {
                     Some((code, m)) => rejects.push((i, self.reject(r, code, m, None))),
                     None => ok.push(i),
@@ -276,6 +329,23 @@ impl RecordDecoder {
             }
         }
         (ok, rejects)
+    }
+
+    /// Under `wal.partitioner`, why a keyed record is not on its key's
+    /// partition (a record without a key is left to the key checks).
+    fn misplaced(&self, r: &SourceRecord<'_>) -> Option<String> {
+        let (p, n) = self.placement?;
+        let key = r.key?;
+        let want = partition_of(p, key, n);
+        (want != r.partition).then(|| {
+            format!(
+                "the Kafka key {:?} hashes to partition {want} of {n} under wal.partitioner = {p:?}, \
+                 but the record is on partition {}: its producer used another partitioner, or \
+                 the topic was resized",
+                String::from_utf8_lossy(key),
+                r.partition
+            )
+        })
     }
 
     /// Decodes `records` as one batch. When that fails, one pass over the
@@ -370,13 +440,100 @@ impl RecordDecoder {
         if violations.is_empty() {
             return Ok(unchanged(upserts, up_idx));
         }
-        let mut rejects = Vec::with_capacity(violations.len());
+        let refused = violations
+            .into_iter()
+            .map(|v| (v.row, v.code, v.message))
+            .collect();
+        self.refuse_rows(records, rows, up_idx, refused)
+    }
+
+    /// Under partition sharding, rows whose Kafka key does not name their
+    /// id leave the batch as `partition_key_mismatch`.
+    fn check_partition_keys(
+        &self,
+        records: &[SourceRecord<'_>],
+        upserts: Option<RecordBatch>,
+        up_idx: Vec<usize>,
+    ) -> Result<Checked> {
+        let unchanged = |rows, up_idx| Checked {
+            rows,
+            up_idx,
+            rejects: vec![],
+        };
+        let Some(rows) = upserts.as_ref().filter(|_| self.check_partition_key) else {
+            return Ok(unchanged(upserts, up_idx));
+        };
+        let ids = rows
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .expect("id is the first column");
+        let refused: Vec<(usize, RejectCode, String)> = (0..rows.num_rows())
+            .filter_map(|row| {
+                let r = &records[up_idx[row]];
+                let id = ids.value(row);
+                self.key_names(r, id).err().map(|m| {
+                    let m = format!("{m}; under wal.sharding = \"partition\" the Kafka key must be the row id {id:?}, so that one id always lands on one partition");
+                    (row, RejectCode::PartitionKeyMismatch, m)
+                })
+            })
+            .collect();
+        if refused.is_empty() {
+            return Ok(unchanged(upserts, up_idx));
+        }
+        self.refuse_rows(records, rows, up_idx, refused)
+    }
+
+    /// Whether the record's Kafka key names `id` (the same canonical id
+    /// the mapping would make of it), else what is wrong.
+    fn key_names(&self, r: &SourceRecord<'_>, id: &str) -> std::result::Result<(), String> {
+        let Some(key) = r.key else {
+            return Err("the record has no Kafka key".into());
+        };
+        if key == id.as_bytes() {
+            return Ok(());
+        }
+        let named = match &self.shape {
+            Shape::Node(_) => self
+                .key_from_kafka(std::slice::from_ref(r))
+                .ok()
+                .and_then(|parts| canonical_ids(&parts).ok())
+                .map(|ids| ids.value(0).to_string()),
+            // `[src, dst]`: the key as a JSON array of the same scalars.
+            Shape::Edge { .. } => match serde_json::from_slice::<serde_json::Value>(key) {
+                Ok(serde_json::Value::Array(items)) => items
+                    .iter()
+                    .map(scalar_text)
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .ok()
+                    .map(|v| serde_json::to_string(&v).expect("strings serialize")),
+                _ => None,
+            },
+        };
+        match named {
+            Some(k) if k == id => Ok(()),
+            _ => Err(format!(
+                "the Kafka key {:?} names another id",
+                String::from_utf8_lossy(key)
+            )),
+        }
+    }
+
+    /// Drops `refused` rows (row, code, message) from `rows`, as rejects.
+    fn refuse_rows(
+        &self,
+        records: &[SourceRecord<'_>],
+        rows: &RecordBatch,
+        up_idx: Vec<usize>,
+        refused: Vec<(usize, RejectCode, String)>,
+    ) -> Result<Checked> {
+        let mut rejects = Vec::with_capacity(refused.len());
         let mut keep = vec![true; rows.num_rows()];
-        for v in violations {
-            keep[v.row] = false;
-            let i = up_idx[v.row];
-            let row = row_json(rows, v.row);
-            rejects.push((i, self.reject(&records[i], v.code, v.message, row)));
+        for (r, code, message) in refused {
+            keep[r] = false;
+            let i = up_idx[r];
+            let row = row_json(rows, r);
+            rejects.push((i, self.reject(&records[i], code, message, row)));
         }
         let mask = BooleanArray::from(keep.clone());
         let kept = filter_record_batch(rows, &mask).ctx("drop invalid rows")?;
@@ -409,9 +566,12 @@ impl RecordDecoder {
         Reject::of_record(r.origin(), &self.ty.name, code, message, row)
     }
 
-    /// Within the poll, the last record per id wins (Kafka order).
+    /// Within the poll, the last record per id wins (Kafka order). Deletes
+    /// carry their record's partition (`_src_partition`): what
+    /// partition sharding routes them by (Lance reads only their key).
     fn last_write_wins(
         &self,
+        records: &[SourceRecord<'_>],
         upserts: Option<RecordBatch>,
         up_idx: &[usize],
         del_ids: Vec<String>,
@@ -452,16 +612,22 @@ impl RecordDecoder {
                 });
             }
         }
-        let kept: Vec<&str> = del_ids
+        let (kept, partitions): (Vec<&str>, Vec<i32>) = del_ids
             .iter()
             .zip(del_idx)
             .filter(|(id, &r)| last[id.as_str()] == r)
-            .map(|(id, _)| id.as_str())
-            .collect();
+            .map(|(id, &r)| (id.as_str(), records[r].partition))
+            .unzip();
         if !kept.is_empty() {
-            let schema = Arc::new(Schema::new(vec![Field::new(ID, DataType::Utf8, false)]));
-            let col: ArrayRef = Arc::new(StringArray::from(kept));
-            out.deletes = Some(RecordBatch::try_new(schema, vec![col]).ctx("tombstones")?);
+            let schema = Arc::new(Schema::new(vec![
+                Field::new(ID, DataType::Utf8, false),
+                Field::new(SRC_PARTITION, DataType::Int32, false),
+            ]));
+            let cols: Vec<ArrayRef> = vec![
+                Arc::new(StringArray::from(kept)),
+                Arc::new(arrow::array::Int32Array::from(partitions)),
+            ];
+            out.deletes = Some(RecordBatch::try_new(schema, cols).ctx("tombstones")?);
         }
         Ok(out)
     }
@@ -1122,6 +1288,103 @@ mod tests {
         let c = arrow::compute::cast(b.column_by_name(name).unwrap(), &DataType::Utf8).unwrap();
         let c = c.as_any().downcast_ref::<StringArray>().unwrap();
         c.iter().map(|v| v.unwrap_or("null").to_string()).collect()
+    }
+
+    #[test]
+    fn under_partition_sharding_the_kafka_key_must_name_the_row() {
+        let codes = |out: &Decoded| out.rejects.iter().map(|r| r.code).collect::<Vec<_>>();
+        // Key from the value: the Kafka key must be the same id.
+        let mut d = decoder("").partition_keyed(true, None);
+        let out = d
+            .decode(&[
+                rec(0, Some("ann"), Some(r#"{"name":"ann"}"#)),
+                rec(1, Some("bob"), Some(r#"{"name":"ann"}"#)),
+                rec(2, None, Some(r#"{"name":"cy"}"#)),
+                rec(3, Some("\"dee\""), Some(r#"{"name":"dee"}"#)),
+                rec(4, Some("ann"), None),
+            ])
+            .unwrap();
+        assert_eq!(codes(&out), [RejectCode::PartitionKeyMismatch; 2]);
+        assert_eq!(out.rejects[0].offset, Some(1));
+        assert!(
+            out.rejects[0].message.contains("\"bob\" names another id"),
+            "{}",
+            out.rejects[0].message
+        );
+        assert!(out.rejects[1].message.contains("no Kafka key"));
+        assert_eq!(ids(out.upserts.as_ref().unwrap()), ["dee"]);
+        // The tombstone of ann (offset 4) won over its upsert, and carries
+        // its partition for routing.
+        let del = out.deletes.unwrap();
+        assert_eq!(ids(&del), ["ann"]);
+        assert_eq!(col(&del, SRC_PARTITION), ["0"]);
+        // Off (bucket sharding), any key goes.
+        let mut d = decoder("");
+        assert!(d
+            .decode(&[rec(1, Some("bob"), Some(r#"{"name":"ann"}"#))])
+            .unwrap()
+            .rejects
+            .is_empty());
+        // Composite keys compare canonically.
+        let mut d = decoder_for("topic = 't'\nnode = 'M'").partition_keyed(true, None);
+        let out = d
+            .decode(&[
+                rec(0, Some(r#"["a", 1]"#), Some(r#"{"t":"a","s":1}"#)),
+                rec(1, Some(r#"["a","2"]"#), Some(r#"{"t":"a","s":1}"#)),
+            ])
+            .unwrap();
+        assert_eq!(codes(&out), [RejectCode::PartitionKeyMismatch]);
+        assert_eq!(out.rejects[0].offset, Some(1));
+        // @unique(src, dst) edges: the key is the [src, dst] array.
+        let mut d = decoder_for("topic = 't'\nedge = 'Pair'").partition_keyed(true, None);
+        let out = d
+            .decode(&[
+                rec(0, Some(r#"["a", "b"]"#), Some(r#"{"src":"a","dst":"b"}"#)),
+                rec(1, Some("a"), Some(r#"{"src":"a","dst":"c"}"#)),
+            ])
+            .unwrap();
+        assert_eq!(codes(&out), [RejectCode::PartitionKeyMismatch]);
+        // Ids made from the key or the coordinates need no check.
+        for (m, v) in [
+            ("topic = 't'\nedge = 'Knows'", r#"{"src":"a","dst":"b"}"#),
+            ("topic = 't'\nnode = 'P'\nkey = 'kafka'", r#"{"age":3}"#),
+        ] {
+            let mut d = decoder_for(m).partition_keyed(true, None);
+            let out = d.decode(&[rec(0, Some("x"), Some(v))]).unwrap();
+            assert!(out.rejects.is_empty(), "{m}: {:?}", out.rejects);
+        }
+    }
+
+    #[test]
+    fn under_a_known_partitioner_a_record_must_sit_on_its_keys_partition() {
+        let on = |p: i32, key: &'static str, value: Option<&'static str>| SourceRecord {
+            partition: p,
+            ..rec(p as i64, Some(key), value)
+        };
+        let home = |k: &str| partition_of(Partitioner::Murmur2, k.as_bytes(), 4);
+        let away = |k: &str| (home(k) + 1) % 4;
+        let mut d = decoder("key = 'kafka'").partition_keyed(true, Some((Partitioner::Murmur2, 4)));
+        let out = d
+            .decode(&[
+                on(home("ann"), "ann", Some(r#"{"age":1}"#)),
+                on(away("bob"), "bob", Some(r#"{"age":2}"#)),
+                on(away("cy"), "cy", None),
+            ])
+            .unwrap();
+        let codes: Vec<_> = out.rejects.iter().map(|r| r.code).collect();
+        assert_eq!(codes, [RejectCode::WrongPartition; 2]);
+        assert!(out.rejects[0]
+            .message
+            .contains(&format!("hashes to partition {}", home("bob"))));
+        assert_eq!(ids(out.upserts.as_ref().unwrap()), ["ann"]);
+        assert!(out.deletes.is_none());
+        // Edge ids from coordinates belong to any partition.
+        let mut d = decoder_for("topic = 't'\nedge = 'Knows'")
+            .partition_keyed(true, Some((Partitioner::Murmur2, 4)));
+        let out = d
+            .decode(&[on(away("k"), "k", Some(r#"{"src":"a","dst":"b"}"#))])
+            .unwrap();
+        assert!(out.rejects.is_empty(), "{:?}", out.rejects);
     }
 
     #[test]

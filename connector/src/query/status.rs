@@ -162,7 +162,13 @@ async fn shard_states(graph: &Graph, head: &GraphCommit) -> Result<Vec<ShardStat
             continue;
         };
         let markers = markers_of(&details);
-        for bucket in 0..details.num_shards {
+        // N as created: identity sharding (`partition`) reports 0 shards.
+        let n = graph
+            .buckets
+            .get(table)
+            .copied()
+            .unwrap_or(details.num_shards);
+        for bucket in 0..n {
             let shard = shard_id(table, bucket);
             let folded_upto = markers.get(&shard).copied().unwrap_or(0);
             let m = latest_manifest(&ds, shard).await?;

@@ -236,7 +236,7 @@ async fn wal_tables(graph: &Graph, head: &GraphCommit) -> Result<Vec<WalTable>> 
     let mut out = Vec::new();
     for table in head.tables.keys() {
         let ds = graph.open_table(table, None).await?;
-        if let Some(shards) = shard_ids(&ds, table).await? {
+        if let Some(shards) = shard_ids(graph, &ds, table).await? {
             out.push(WalTable {
                 table: table.clone(),
                 shards,
@@ -247,12 +247,12 @@ async fn wal_tables(graph: &Graph, head: &GraphCommit) -> Result<Vec<WalTable>> 
 }
 
 /// The shard ids of a MemWAL table (`None`: the table has no MemWAL).
-async fn shard_ids(ds: &Dataset, table: &str) -> Result<Option<Vec<uuid::Uuid>>> {
+async fn shard_ids(graph: &Graph, ds: &Dataset, table: &str) -> Result<Option<Vec<uuid::Uuid>>> {
     let details = ds.mem_wal_index_details().await.ctx(table)?;
     Ok(details.map(|d| {
-        (0..d.num_shards)
-            .map(|b| shards::shard_id(table, b))
-            .collect()
+        // N as created: identity sharding (`partition`) reports 0 shards.
+        let n = graph.buckets.get(table).copied().unwrap_or(d.num_shards);
+        (0..n).map(|b| shards::shard_id(table, b)).collect()
     }))
 }
 

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use arrow::array::RecordBatch;
 
 use super::policy::Policies;
-use super::read::ReadSet;
+use super::read::{Read, ReadSet};
 use super::rows::{str_at, RowRef};
 use crate::error::Result;
 use crate::rejects::{FoldRefusal, Reject, RejectCode};
@@ -164,6 +164,36 @@ struct TableDecision {
 }
 
 impl Checked {
+    /// Rows of an id that one fold read from a second shard (`read`):
+    /// refused as `shard_conflict`; the lowest shard's row is the one the
+    /// other checks saw.
+    fn shard_conflicts(&mut self, ty: &GraphType, r: &Read) {
+        const WHY: &str = "under wal.sharding = \"partition\" one id must always arrive on one \
+            partition (producers key by the id, with one partitioner); the row of the lowest \
+            partition was kept";
+        let mut refused = Vec::new();
+        if let Some(rows) = &r.conflicts.upserts {
+            for i in 0..rows.num_rows() {
+                let m =
+                    format!("this id also arrived on a lower partition in the same fold; {WHY}");
+                refused.push(Rejection::upsert(ty, rows, i, RejectCode::ShardConflict, m));
+            }
+        }
+        for (id, partition) in &r.conflicts.deletes {
+            let m = format!(
+                "this id's delete arrived on partition {partition} and the id also on a lower \
+                 partition in the same fold; {WHY}"
+            );
+            let row = serde_json::json!({ ID: id, "_src_partition": partition });
+            refused.push(Rejection::delete(ty, id, row, RejectCode::ShardConflict, m));
+        }
+        if refused.is_empty() {
+            return;
+        }
+        self.changes.entry(ty.table.clone()).or_default().rejected += refused.len() as u64;
+        self.rejections.extend(refused);
+    }
+
     pub fn decision(&self) -> Result<Decision> {
         let ids = |b: Option<&RecordBatch>| -> Result<BTreeSet<String>> {
             Ok(super::rows::id_set(b)?.into_iter().collect())
@@ -229,14 +259,21 @@ pub(crate) fn check(ctx: &Ctx) -> Result<Checked> {
         nodes.removed.insert(ty.table.clone(), n.removed);
         out.rejections.extend(n.rejections);
         out.changes.insert(ty.table.clone(), n.change);
+        out.shard_conflicts(ty, r);
     }
     for ty in ctx.schema.edges() {
         let cascaded = nodes.cascade.remove(&ty.table).unwrap_or_default();
+        if let Some(r) = ctx.read.get(&ty.table) {
+            out.shard_conflicts(ty, r);
+        }
         let Some(e) = edges::check_edge_table(ctx, ty, &nodes, cascaded)? else {
             continue;
         };
         out.rejections.extend(e.rejections);
-        out.changes.insert(ty.table.clone(), e.change);
+        let change = out.changes.entry(ty.table.clone()).or_default();
+        let rejected = change.rejected;
+        *change = e.change;
+        change.rejected += rejected;
         if let Some(rows) = e.pending {
             out.changes.insert(
                 pending_table(&ty.table),

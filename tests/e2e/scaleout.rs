@@ -1,0 +1,184 @@
+//! Partition sharding (docs/scale-out.md): a record's shard is its source
+//! partition, and keying breaches are typed rejects, never silent merges.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::harness::*;
+
+/// Rows go to the shard of their source partition; a Kafka key naming
+/// another id is refused at decode, an id arriving on two partitions in one
+/// fold at the fold (the lowest partition's row stays), each once in both
+/// sinks; the mode is fixed at creation and `status` reads N from the
+/// schema record (Lance reports 0 shards for identity sharding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_sharding_routes_by_partition_and_rejects_keying_breaches() {
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &["node = \"Person\""],
+        "[wal]\nsharding = \"partition\"\n[fold]\ninterval = \"0s\"",
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 4).await;
+    let person = |p: i32, key: Option<&str>, name: &str, age: i32| {
+        rec(p, key, Some(json!({"name": name, "age": age})))
+    };
+    // A producer keyed by id, its partitioner placing ids on 1 and 3 only.
+    let mut recs = vec![];
+    for (i, n) in ["a", "b", "c", "d", "e", "f", "g", "h"].iter().enumerate() {
+        let p = if i % 2 == 0 { 1 } else { 3 };
+        recs.push(person(p, Some(n), n, i as i32));
+    }
+    recs.extend([
+        // b deleted on its own partition.
+        rec(3, Some("b"), None),
+        // A key naming another id: partition_key_mismatch at decode.
+        person(1, Some("zz"), "x", 1),
+        // a (partition 1) also arriving on partition 3, keyed by id (another
+        // partitioner): shard_conflict at the fold.
+        person(3, Some("a"), "a", 99),
+    ]);
+    produce(topic, &recs).await;
+    try_run_to_end(&tg).await.expect("run");
+
+    let rows = tg.rows("nodes/Person").await;
+    let ids: BTreeSet<&str> = rows.keys().map(String::as_str).collect();
+    assert_eq!(ids, BTreeSet::from(["a", "c", "d", "e", "f", "g", "h"]));
+    assert_eq!(
+        rows["a"]["age"],
+        json!(0),
+        "the lowest partition's row of a stays"
+    );
+    for (id, row) in &rows {
+        let i = ["a", "b", "c", "d", "e", "f", "g", "h"]
+            .iter()
+            .position(|n| n == id)
+            .unwrap();
+        let want = if i % 2 == 0 { 1 } else { 3 };
+        assert_eq!(row["_src_partition"], json!(want), "{id}");
+    }
+    // Only the shards of partitions 1 and 3 held rows: routing followed the
+    // partition, not bucket(id, 4), which would have spread 8 ids wider.
+    let g = tg.graph().await;
+    let folded: BTreeSet<u32> = g
+        .commits()
+        .await
+        .unwrap()
+        .iter()
+        .flat_map(|c| c.folded.iter())
+        .filter(|f| f.table == "nodes/Person")
+        .map(|f| f.bucket)
+        .collect();
+    assert_eq!(folded, BTreeSet::from([1, 3]));
+
+    let rejects = rejects_at_head(&tg).await;
+    let mut got: Vec<(String, i64, i64)> = rejects
+        .iter()
+        .map(|r| {
+            (
+                r["code"].as_str().unwrap().to_string(),
+                r["partition"].as_i64().unwrap(),
+                r["offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("partition_key_mismatch".to_string(), 1, 4),
+            ("shard_conflict".to_string(), 3, 5),
+        ]
+    );
+    let dlq = read_topic(&tg.dlq, 3, Duration::from_secs(10));
+    let mut codes: Vec<String> = dlq
+        .iter()
+        .map(|m| m.header("graphsink.code").unwrap())
+        .collect();
+    codes.sort();
+    assert_eq!(codes, ["partition_key_mismatch", "shard_conflict"]);
+
+    // status reads N from the schema record: four Person shards.
+    let out = tg.cli(&["status", "--json"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let person_shards = status["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["table"] == "nodes/Person")
+        .count();
+    assert_eq!(person_shards, 4, "{status}");
+
+    // The mode is fixed at creation.
+    let cfg = std::fs::read_to_string(tg.config_path()).unwrap();
+    std::fs::write(
+        tg.config_path(),
+        cfg.replace("sharding = \"partition\"", "sharding = \"bucket\""),
+    )
+    .unwrap();
+    let out = tg.cli(&["fold"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("wal.sharding = \"partition\""), "{err}");
+}
+
+/// With `wal.partitioner`, records a real librdkafka producer placed by
+/// that partitioner pass, and one placed elsewhere is `wrong_partition`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_off_its_keys_partition_is_refused_under_a_known_partitioner() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &["node = \"Person\"\nkey = \"kafka\""],
+        "[wal]\nsharding = \"partition\"\npartitioner = \"murmur2\"\n[fold]\ninterval = \"0s\"",
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 4).await;
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker())
+        .set("partitioner", "murmur2_random")
+        .create()
+        .unwrap();
+    let names: Vec<String> = (0..40).map(|i| format!("p{i}")).collect();
+    let mut placed = std::collections::BTreeMap::new();
+    for n in &names {
+        let value = json!({"age": 1}).to_string();
+        let delivery = producer
+            .send(
+                FutureRecord::to(topic).key(n.as_str()).payload(&value),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        placed.insert(n.clone(), delivery.partition);
+    }
+    let spread: BTreeSet<i32> = placed.values().copied().collect();
+    assert!(spread.len() > 1, "40 keys over 4 partitions: {placed:?}");
+    // p0 again, on a partition its key does not hash to.
+    let wrong = (placed["p0"] + 1) % 4;
+    produce(topic, &[rec(wrong, Some("p0"), Some(json!({"age": 2})))]).await;
+    try_run_to_end(&tg).await.expect("run");
+
+    let rows = tg.rows("nodes/Person").await;
+    assert_eq!(rows.len(), 40);
+    assert_eq!(
+        rows["p0"]["age"],
+        json!(1),
+        "the misplaced update did not land"
+    );
+    for (n, p) in &placed {
+        assert_eq!(rows[n]["_src_partition"], json!(p), "{n}");
+    }
+    let rejects = rejects_at_head(&tg).await;
+    assert_eq!(rejects.len(), 1, "{rejects:?}");
+    assert_eq!(rejects[0]["code"], "wrong_partition");
+    assert_eq!(rejects[0]["partition"], json!(wrong));
+}
