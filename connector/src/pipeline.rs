@@ -148,7 +148,15 @@ pub async fn run_with(
         metrics.run_loop_stopped();
         match result {
             Ok(()) => return Ok(total),
-            Err(e) if e.is_passing_storage_failure() && !shutdown.is_cancelled() => {
+            // Under partition sharding a fencing means the group moved a
+            // shard while this member was away (a pause past the session
+            // timeout): nothing past durability was acked, so it rejoins.
+            Err(e)
+                if (e.is_passing_storage_failure()
+                    || (e.kind() == ErrorKind::Fenced
+                        && config.wal.sharding == Sharding::Partition))
+                    && !shutdown.is_cancelled() =>
+            {
                 let delay = backoff.next(started.elapsed());
                 if let Some(stats) = &options.stats {
                     stats.restarts.fetch_add(1, Ordering::Relaxed);
@@ -224,13 +232,24 @@ async fn session(
     };
     let graph = Graph::open_or_init_with(config, schema, partitions.as_ref()).await?;
     let policies = Policies::from_config(config);
-    fold::recover(&graph, &policies).await?;
+    // Under partition sharding only the member holding the fold partition
+    // recovers and re-delivers, when it becomes that member (fold task).
+    let partitioned = graph.layout().sharding == Sharding::Partition;
+    if !partitioned {
+        fold::recover(&graph, &policies).await?;
+    }
     let head = graph.head().await?;
     metrics.head(head.seq, head.created_at);
     let decoders = decoders(config, &graph)?;
     let dead_letters = DeadLetters::connect(config, metrics.clone()).await?;
-    let delivered = redeliver(&graph, &dead_letters, shutdown).await?;
-    let pool = ShardPool::open(&graph, &config.wal, &graph.wal_tables()).await?;
+    let (pool, delivered, role) = if partitioned {
+        let pool = ShardPool::open_unclaimed(&graph, &config.wal, &graph.wal_tables()).await?;
+        (pool, 0, Some(FoldRole::new(config, &graph)))
+    } else {
+        let delivered = fold::redeliver(&graph, &dead_letters, shutdown).await?;
+        let pool = ShardPool::open(&graph, &config.wal, &graph.wal_tables()).await?;
+        (pool, delivered, None)
+    };
     metrics.writers_reopened();
     let retention = retention::Scheduled::new(&config.retention, pool.live_shards());
     // End offsets (exit_at_end) and the group's progress (the stall watch).
@@ -264,6 +283,8 @@ async fn session(
         retention,
         report: fold::Report::new(metrics.clone()),
         oldest_taken: None,
+        leader: role.as_ref().map(|r| r.tx.subscribe()),
+        recovered: false,
     };
     let mut fold = FoldTask::spawn(fold_loop, cuts);
     let mut run = RunLoop {
@@ -292,6 +313,7 @@ async fn session(
         metrics: metrics.clone(),
         taken: VecDeque::new(),
         oldest_taken: None,
+        role,
     };
     if let Err(e) = run.serve(&kafka, shutdown, &mut fold).await {
         total.records += run.summary.records;
@@ -345,28 +367,6 @@ fn decoders(config: &Config, graph: &Graph) -> Result<HashMap<String, RecordDeco
         decoders.insert(m.topic.clone(), decoder);
     }
     Ok(decoders)
-}
-
-/// Fold rejects a crash kept from the dead-letter topic go out first.
-/// Returns the newest commit whose fold rejects are all delivered.
-async fn redeliver(
-    graph: &Graph,
-    dead_letters: &DeadLetters,
-    shutdown: &CancellationToken,
-) -> Result<u64> {
-    let fold::Undelivered {
-        head_seq: delivered,
-        rejects: late,
-    } = fold::undelivered(graph).await?;
-    if !late.is_empty() {
-        tracing::warn!(
-            rejects = late.len(),
-            "re-delivering fold rejects of published commits"
-        );
-        dead_letters.deliver(&late, shutdown).await?;
-        graph.set_dead_letters_delivered(delivered).await?;
-    }
-    Ok(delivered)
 }
 
 /// How long a failed run waits for the fold task to end before aborting it.
@@ -482,6 +482,37 @@ struct RunLoop<'a> {
     taken: VecDeque<std::time::Instant>,
     /// When the oldest record since the last cut was taken (graph-visible latency).
     oldest_taken: Option<std::time::Instant>,
+    /// Under partition sharding: which tables each topic feeds, and
+    /// whether this member folds.
+    role: Option<FoldRole>,
+}
+
+/// A member's part under partition sharding: the shards of its assigned
+/// partitions are its own, and the member assigned the fold partition
+/// (partition 0 of the first mapped topic, by name) folds every shard's
+/// flushed generations; the others only freeze theirs (docs/scale-out.md).
+struct FoldRole {
+    /// Topic → the type tables it feeds.
+    feeds: BTreeMap<String, Vec<String>>,
+    fold_partition: TopicPartition,
+    tx: watch::Sender<bool>,
+}
+
+impl FoldRole {
+    fn new(config: &Config, graph: &Graph) -> FoldRole {
+        let mut feeds: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for m in &config.mappings {
+            if let Some(t) = graph.schema().get(m.type_name()) {
+                feeds.entry(m.topic.clone()).or_default().push(t.table.clone());
+            }
+        }
+        let first = feeds.keys().next().cloned().unwrap_or_default();
+        FoldRole {
+            feeds,
+            fold_partition: (first, 0),
+            tx: watch::channel(false).0,
+        }
+    }
 }
 
 /// The reject-rate breaker: rejects counted per minute; past the limit,
@@ -543,7 +574,7 @@ impl RunLoop<'_> {
                     self.cut(req).await;
                     self.stats.cut_ns.fetch_add(nanos(t), Ordering::Relaxed);
                 }
-                Some(ev) = self.events.recv() => self.on_group_event(ev),
+                Some(ev) = self.events.recv() => self.on_group_event(ev).await?,
                 Some(ack) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     if let Some(t) = full_since.take() {
                         self.stats.window_full_ns.fetch_add(nanos(t), Ordering::Relaxed);
@@ -784,11 +815,20 @@ impl RunLoop<'_> {
         }
     }
 
-    fn on_group_event(&mut self, ev: GroupEvent) {
+    /// Under partition sharding, an assignment claims the shards of its
+    /// partitions before the next record is read (the loop is biased to
+    /// control events), and a revoke releases them.
+    async fn on_group_event(&mut self, ev: GroupEvent) -> Result<()> {
         match ev {
             GroupEvent::Assigned(tps) => {
                 tracing::info!(event = "assigned", count = tps.len(), partitions = %names(&tps), "assigned");
                 self.metrics.assigned(&tps);
+                if let Some(role) = &self.role {
+                    let shards = self.pool.shards_of(&tps, &role.feeds);
+                    let started = std::time::Instant::now();
+                    self.pool.claim(&shards).await?;
+                    tracing::info!(shards = shards.len(), took = ?started.elapsed(), "claimed the shards of the assigned partitions");
+                }
                 self.assigned.extend(tps);
                 self.end_targets = None;
                 self.stall
@@ -797,6 +837,10 @@ impl RunLoop<'_> {
             GroupEvent::Revoked(tps) => {
                 tracing::info!(event = "revoked", count = tps.len(), partitions = %names(&tps), "revoked");
                 self.metrics.revoked(&tps);
+                if let Some(role) = &self.role {
+                    let shards = self.pool.shards_of(&tps, &role.feeds);
+                    self.pool.release(&shards);
+                }
                 let mut shared = self.committable.lock().expect("committable");
                 for tp in tps {
                     self.assigned.remove(&tp);
@@ -808,6 +852,11 @@ impl RunLoop<'_> {
                     .holds(!self.assigned.is_empty(), tokio::time::Instant::now());
             }
         }
+        if let Some(role) = &self.role {
+            let leads = self.assigned.contains(&role.fold_partition);
+            role.tx.send_if_modified(|was| std::mem::replace(was, leads) != leads);
+        }
+        Ok(())
     }
 
     /// Freezes every memtable between polls and hands the cut to the fold.

@@ -195,7 +195,10 @@ pub struct TableShards {
     router: Router,
     /// The primary-key column each put is sorted by (see `route`).
     pk: Option<String>,
-    pub shards: Vec<Shard>,
+    /// Shards N, as the graph was created with.
+    n: u32,
+    /// The writers this process holds, by bucket.
+    pub shards: BTreeMap<u32, Shard>,
 }
 
 /// A live writer's own manifest store and epoch: what lets another task
@@ -212,6 +215,8 @@ pub type LiveShards = HashMap<Uuid, LiveShard>;
 /// Every writer this process holds, by table.
 pub struct ShardPool {
     pub tables: BTreeMap<String, TableShards>,
+    graph: Graph,
+    wal: WalSettings,
 }
 
 /// One writer's memory and flush count (for metrics).
@@ -239,8 +244,24 @@ impl ShardPool {
     /// Opens (claims) a writer for every bucket of every table. Opening
     /// replays the shard's WAL under a new epoch, fencing any older writer.
     pub async fn open(graph: &Graph, wal: &WalSettings, tables: &[String]) -> Result<ShardPool> {
+        let mut pool = ShardPool::open_unclaimed(graph, wal, tables).await?;
+        let all: Vec<(String, u32)> = pool
+            .tables
+            .values()
+            .flat_map(|t| (0..t.n).map(|b| (t.table.clone(), b)))
+            .collect();
+        pool.claim(&all).await?;
+        Ok(pool)
+    }
+
+    /// The pool of `tables` with no writer yet: partition sharding claims
+    /// a shard when the group assigns its partition (`claim_partitions`).
+    pub async fn open_unclaimed(
+        graph: &Graph,
+        wal: &WalSettings,
+        tables: &[String],
+    ) -> Result<ShardPool> {
         let mut out = BTreeMap::new();
-        let mut claimed = Vec::new();
         for table in tables {
             let ds = graph.open_table(table, None).await?;
             let details = ds
@@ -268,48 +289,135 @@ impl ShardPool {
             // Idempotent: a graph whose init crashed after `__manifest`, or a
             // first start, gets its shard manifests here, before any writer.
             initialize_shards(&ds, table, n).await?;
-            let mut shards = Vec::new();
-            for bucket in 0..n {
-                let id = shard_id(table, bucket);
-                let config = ShardWriterConfig {
-                    durable_write: true,
-                    max_wal_flush_interval: Some(wal.flush_interval),
-                    max_memtable_rows: wal.max_memtable_rows,
-                    max_memtable_size: wal.max_memtable_bytes,
-                    max_unflushed_memtable_bytes: wal.max_memtable_bytes * 4,
-                    ..Default::default()
-                };
-                let writer = ds
-                    .mem_wal_writer(id, config)
-                    .await
-                    .map_err(|e| fenced_or(e, table, bucket, id, "open writer"))?;
-                tracing::debug!(table, bucket, epoch = writer.epoch(), "shard writer open");
-                claimed.push((id, writer.epoch()));
-                shards.push(Shard {
-                    table: table.clone(),
-                    bucket,
-                    writer: Arc::new(writer),
-                });
-            }
             out.insert(
                 table.clone(),
                 TableShards {
                     table: table.clone(),
                     router,
                     pk: single_pk(ds.schema()),
-                    shards,
+                    n,
+                    shards: BTreeMap::new(),
                 },
             );
         }
-        note_owners(graph, &claimed).await;
-        Ok(ShardPool { tables: out })
+        Ok(ShardPool {
+            tables: out,
+            graph: graph.clone(),
+            wal: wal.clone(),
+        })
+    }
+
+    /// Claims each (table, bucket) not held yet: opens its writer, which
+    /// replays the shard's WAL under a new epoch, fencing any older writer.
+    pub async fn claim(&mut self, wanted: &[(String, u32)]) -> Result<()> {
+        let mut claimed = Vec::new();
+        // Each table as it is now, once per call: a claim may come long
+        // after the pool opened.
+        let mut fresh: HashMap<String, Dataset> = HashMap::new();
+        for (table, bucket) in wanted {
+            let bucket = *bucket;
+            let t = self
+                .tables
+                .get_mut(table)
+                .ok_or_else(|| Error::Other(format!("no MemWAL table {table} to claim")))?;
+            if t.shards.contains_key(&bucket) {
+                continue;
+            }
+            let id = shard_id(table, bucket);
+            let wal = &self.wal;
+            let config = ShardWriterConfig {
+                durable_write: true,
+                max_wal_flush_interval: Some(wal.flush_interval),
+                max_memtable_rows: wal.max_memtable_rows,
+                max_memtable_size: wal.max_memtable_bytes,
+                max_unflushed_memtable_bytes: wal.max_memtable_bytes * 4,
+                ..Default::default()
+            };
+            if !fresh.contains_key(table) {
+                fresh.insert(table.clone(), self.graph.open_table(table, None).await?);
+            }
+            let writer = fresh[table]
+                .mem_wal_writer(id, config)
+                .await
+                .map_err(|e| fenced_or(e, table, bucket, id, "open writer"))?;
+            tracing::debug!(table, bucket, epoch = writer.epoch(), "shard writer open");
+            claimed.push((id, writer.epoch()));
+            t.shards.insert(
+                bucket,
+                Shard {
+                    table: table.clone(),
+                    bucket,
+                    writer: Arc::new(writer),
+                },
+            );
+        }
+        note_owners(&self.graph, &claimed).await;
+        Ok(())
+    }
+
+    /// Under partition sharding, the shards of source partitions `tps`:
+    /// bucket p of each type table `feeds` maps the topic to, and the
+    /// rejects shard of (topic, p).
+    pub fn shards_of(
+        &self,
+        tps: &[(String, i32)],
+        feeds: &BTreeMap<String, Vec<String>>,
+    ) -> Vec<(String, u32)> {
+        let layout = self.graph.layout();
+        let mut out = Vec::new();
+        for (topic, p) in tps {
+            let Ok(bucket) = u32::try_from(*p) else {
+                continue;
+            };
+            for table in feeds.get(topic).into_iter().flatten() {
+                out.push((table.clone(), bucket));
+            }
+            if let Some(r) = layout.source_shard(topic, *p) {
+                out.push((REJECTS_TABLE.to_string(), r));
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Gives up the writers of `shards` (a revoke): they leave the pool and
+    /// are closed in the background, bounded, so their memtables flush to
+    /// generations any member's fold can read. The next owner's claim
+    /// replays whatever a close did not finish.
+    pub fn release(&mut self, shards: &[(String, u32)]) {
+        const BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+        for (table, bucket) in shards {
+            let Some(s) = self.tables.get_mut(table).and_then(|t| t.shards.remove(bucket)) else {
+                continue;
+            };
+            let id = s.writer.shard_id();
+            tokio::spawn(async move {
+                let Ok(w) = Arc::try_unwrap(s.writer) else {
+                    tracing::warn!(%id, table = %s.table, "released shard still in use; its next owner replays it");
+                    return;
+                };
+                match tokio::time::timeout(BOUND, w.close()).await {
+                    Ok(Ok(())) => tracing::debug!(%id, table = %s.table, bucket = s.bucket, "released shard closed"),
+                    Ok(Err(e)) => tracing::warn!(%id, error = %e, "released shard did not close; its next owner replays it"),
+                    Err(_) => tracing::warn!(%id, "released shard did not close within {BOUND:?}; its next owner replays it"),
+                }
+            });
+        }
+    }
+
+    /// Whether this process holds the writer of `table`'s `bucket`.
+    pub fn holds(&self, table: &str, bucket: u32) -> bool {
+        self.tables
+            .get(table)
+            .is_some_and(|t| t.shards.contains_key(&bucket))
     }
 
     /// Each writer's manifest store and epoch.
     pub fn live_shards(&self) -> LiveShards {
         self.tables
             .values()
-            .flat_map(|t| &t.shards)
+            .flat_map(|t| t.shards.values())
             .map(|s| {
                 let live = LiveShard {
                     store: s.writer.manifest_store(),
@@ -325,7 +433,7 @@ impl ShardPool {
     pub async fn freeze_all(&self) -> Result<Vec<FrozenShard>> {
         let mut out = Vec::new();
         for t in self.tables.values() {
-            for s in &t.shards {
+            for s in t.shards.values() {
                 let id = s.writer.shard_id();
                 let err = |e| fenced_or(e, &s.table, s.bucket, id, "freeze");
                 let active = s.writer.memtable_stats().await.map_err(err)?.generation;
@@ -350,7 +458,7 @@ impl ShardPool {
     pub async fn memtables(&self) -> Vec<MemtableSample> {
         let mut out = Vec::new();
         for t in self.tables.values() {
-            for s in &t.shards {
+            for s in t.shards.values() {
                 let Ok(stats) = s.writer.memtable_stats().await else {
                     continue;
                 };
@@ -370,7 +478,7 @@ impl ShardPool {
     /// Flushes and closes every writer (drain on shutdown).
     pub async fn close(self) -> Result<()> {
         for t in self.tables.into_values() {
-            for s in t.shards {
+            for s in t.shards.into_values() {
                 let id = s.writer.shard_id();
                 match Arc::try_unwrap(s.writer) {
                     Ok(w) => w
@@ -426,7 +534,7 @@ impl TableShards {
             .as_deref()
             .and_then(|pk| batch.column_by_name(pk))
             .and_then(|c| c.as_string_opt::<i32>());
-        split_by_bucket(batch, &col, self.shards.len(), keys)
+        split_by_bucket(batch, &col, self.n as usize, keys)
     }
 
     /// Each row's shard index, by the table's router.
@@ -485,7 +593,12 @@ impl TableShards {
     async fn write(&self, batch: RecordBatch, kind: Write) -> Result<Vec<PendingWrite>> {
         let mut out = Vec::new();
         for (b, part) in self.route(&batch)? {
-            let s = &self.shards[b];
+            let s = self.shards.get(&(b as u32)).ok_or_else(|| {
+                Error::Other(format!(
+                    "rows of {} for shard {b}, which this process does not hold",
+                    self.table
+                ))
+            })?;
             let id = s.writer.shard_id();
             let started = match kind {
                 Write::Put => s.writer.put_no_wait(vec![part]).await,

@@ -47,7 +47,7 @@ pub use plan::{plan, FoldPlan};
 
 pub use policy::Policies;
 pub(crate) use recover::recover;
-pub(crate) use redeliver::{undelivered, Undelivered};
+pub(crate) use redeliver::redeliver;
 pub(crate) use report::Report;
 pub(crate) use task::{CutRequest, FoldLoop, FreezeCut};
 pub use write::COMPACT_FRAGMENTS;

@@ -5,8 +5,31 @@
 
 use crate::error::Result;
 use crate::graph::{Graph, GraphCommit};
+use crate::kafka::DeadLetters;
 use crate::rejects::{self, Reject};
 use crate::schema::REJECTS_TABLE;
+
+/// Fold rejects a crash kept from the dead-letter topic go out first.
+/// Returns the newest commit whose fold rejects are all delivered.
+pub(crate) async fn redeliver(
+    graph: &Graph,
+    dead_letters: &DeadLetters,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<u64> {
+    let Undelivered {
+        head_seq: delivered,
+        rejects: late,
+    } = undelivered(graph).await?;
+    if !late.is_empty() {
+        tracing::warn!(
+            rejects = late.len(),
+            "re-delivering fold rejects of published commits"
+        );
+        dead_letters.deliver(&late, shutdown).await?;
+        graph.set_dead_letters_delivered(delivered).await?;
+    }
+    Ok(delivered)
+}
 
 /// Fold rejects not yet on the dead-letter topic.
 #[derive(Debug, Default)]

@@ -55,6 +55,14 @@ pub(crate) struct FoldLoop {
     pub(crate) report: Report,
     /// When the oldest record not yet published was taken (over cuts, as `spans`).
     pub oldest_taken: Option<std::time::Instant>,
+    /// Under partition sharding, whether this member folds now (it holds
+    /// the fold partition); the others only freeze their shards, so that
+    /// the folding member finds their rows in flushed generations.
+    /// `None`: this process holds every shard and folds.
+    pub leader: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Whether this member recovered and re-delivered since it last became
+    /// the folding member.
+    pub recovered: bool,
 }
 
 impl FoldLoop {
@@ -112,6 +120,32 @@ impl FoldLoop {
                 .wait()
                 .await
                 .map_err(|e| shards::fenced_or(e, &f.table, f.bucket, f.shard, "flush"))?;
+        }
+        if let Some(leader) = &self.leader {
+            if !*leader.borrow() {
+                // Another member folds these rows, and reports its own
+                // offsets and latency.
+                self.recovered = false;
+                *spans = WrittenSpans::default();
+                self.oldest_taken = None;
+                return Ok(true);
+            }
+            if !self.recovered {
+                super::recover(&self.graph, &self.policies).await?;
+                let delivered =
+                    super::redeliver(&self.graph, &self.dead_letters, &self.stop_delivery).await?;
+                self.delivered = self.delivered.max(delivered);
+                self.recovered = true;
+            }
+            // Every other shard as far as it is flushed: its generations
+            // are complete once listed in its manifest.
+            for table in self.graph.wal_tables() {
+                for bucket in 0..shards::shard_count(&self.graph, &table)? {
+                    limits
+                        .entry(shards::shard_id(&table, bucket))
+                        .or_insert(u64::MAX);
+                }
+            }
         }
         let head = self.graph.head().await?;
         if let Some(mut plan) = plan(
