@@ -252,7 +252,7 @@ impl Process {
 }
 
 /// Drops the colour codes of graphsink's log lines (`ESC [ ... m`).
-fn strip_ansi(s: &str) -> String {
+pub fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {

@@ -8,7 +8,10 @@
 //! - `dead-letters`: the dead-letter broker stopped for a while;
 //! - `restarts`: the broker killed and restarted with its data kept
 //!   (tansu on `s3://` storage);
-//! - `disk`: the graph root on a small tmpfs that fills up.
+//! - `disk`: the graph root on a small tmpfs that fills up;
+//! - `members`: three `graphsink run` members of one group on a
+//!   partition-sharded graph: one killed -9, one stopped past its session
+//!   (SIGSTOP, then SIGCONT), one leaving (SIGTERM), members joining.
 //!
 //! After crashes (half of them, by seed) and at the end of each phase the
 //! checker in `check.rs` compares the graph, read with plain Lance, with
@@ -97,6 +100,10 @@ struct Args {
     /// How long the dead-letter broker is frozen, in seconds.
     #[arg(long, default_value_t = 5)]
     dead_letter_outage: u64,
+    /// Rounds of the `members` phase (each: a kill -9, a freeze past the
+    /// session, a graceful leave, and joins).
+    #[arg(long, default_value_t = 1)]
+    member_rounds: u32,
     /// Broker restarts (kill -9, data kept) of the `restarts` phase.
     #[arg(long, default_value_t = 2)]
     restarts: u32,
@@ -110,7 +117,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "kills,freeze,dead-letters,restarts,disk"
+        default_value = "kills,freeze,dead-letters,restarts,disk,members"
     )]
     phases: Vec<String>,
     /// Where graphs and logs go (default: a temporary directory, removed
@@ -139,6 +146,9 @@ struct PhaseReport {
     /// Times graphsink exited because the group coordinator gave no member
     /// any partition (tansu 0.6's wedge), and the broker was restarted.
     wedges: u32,
+    /// `members`: seconds from a member's kill -9 (or freeze) until a
+    /// survivor claimed shards again, per event.
+    handoffs: Vec<(String, f64)>,
     audits: u32,
     last_audit: Option<Tally>,
     final_check: Option<Tally>,
@@ -226,6 +236,7 @@ async fn chaos(args: Args) -> Res<bool> {
             "dead-letters" => outage(&env, seed, Outage::DeadLetters, &mut r).await,
             "restarts" => outage(&env, seed, Outage::Restarts, &mut r).await,
             "disk" => disk(&env, seed, &mut r).await,
+            "members" => members(&env, seed, &mut r).await,
             other => Err(format!("unknown phase {other}")),
         };
         if let Err(e) = run {
@@ -270,6 +281,9 @@ fn print_phase(r: &PhaseReport) {
             "   broker freezes {:?} s, broker restarts {}, dead-letter outage {} s",
             r.freezes, r.restarts, r.dead_letter_outage
         );
+    }
+    for (what, s) in &r.handoffs {
+        println!("   hand-off after {what}: {s:.1} s until a survivor was assigned its partitions (session.timeout.ms 6 s)");
     }
     println!(
         "   {} audits after crashes; own exits: {}; wedged groups unwedged by a broker restart: {}",
@@ -784,6 +798,217 @@ async fn kills(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()> {
     st.finish(env, &mut main, r).await?;
     keep_on_failure(&st, r);
     Ok(())
+}
+
+/// Several members of one group on a partition-sharded graph, under the
+/// continuous producer: kill -9 of one (its partitions move after the
+/// session timeout), SIGSTOP of another past its session then SIGCONT (it
+/// must find itself fenced and rejoin, never writing a shard it lost), a
+/// graceful leave (SIGTERM) and joins. Then every member stops and the
+/// usual final run and check judge the graph against the stream.
+async fn members(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()> {
+    // Members leaving and joining can wedge tansu 0.6's group coordinator
+    // (RELIABILITY.md): the remedy is a broker restart, which needs the
+    // data kept.
+    let mut main = Broker::persistent(
+        &env.tansu,
+        env.args.moto.clone(),
+        env.work.join("tansu-members.log"),
+    )?;
+    let dlq = Broker::memory(&env.tansu, env.work.join("tansu-dead-letters.log"))?;
+    let mut st = Stage::new(env, "members", seed, &main, &dlq, None).await?;
+    let text = std::fs::read_to_string(&st.config).map_err(|e| e.to_string())?;
+    let text = text.replace("[wal]\nbuckets = 2", "[wal]\nsharding = \"partition\"");
+    std::fs::write(&st.config, text).map_err(|e| e.to_string())?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut spawned = 0usize;
+    let mut spawn = |st: &Stage| -> Res<(usize, Process)> {
+        spawned += 1;
+        let log = st.dir.join(format!("graphsink-{spawned}.log"));
+        let cfg = st.config.display().to_string();
+        Ok((
+            spawned,
+            Process::spawn(&env.graphsink, &["run", "--config", &cfg], &[], &log)?,
+        ))
+    };
+    let mut live: Vec<(usize, Process)> = Vec::new();
+    for _ in 0..3 {
+        live.push(spawn(&st)?);
+    }
+    tokio::time::sleep(secs(&mut rng, 8.0, 12.0)).await;
+    for round in 1..=env.args.member_rounds {
+        respawn_exited(&st, &mut live, &mut spawn, &mut main, r).await?;
+        // kill -9 of one member; a replacement joins after its session.
+        let i = rng.random_range(0..live.len());
+        let (n, mut p) = live.remove(i);
+        let at = std::time::SystemTime::now();
+        p.kill().await;
+        r.kills += 1;
+        println!("   round {round}: member {n} killed -9");
+        r.handoffs.push((
+            format!("kill -9 of member {n}"),
+            handoff(&st, n, &live, at).await,
+        ));
+        live.push(spawn(&st)?);
+        tokio::time::sleep(secs(&mut rng, 6.0, 10.0)).await;
+
+        // One member frozen past its session, then resumed.
+        respawn_exited(&st, &mut live, &mut spawn, &mut main, r).await?;
+        let i = rng.random_range(0..live.len());
+        let n = live[i].0;
+        live[i].1.signal(libc::SIGSTOP);
+        let at = std::time::SystemTime::now();
+        println!("   round {round}: member {n} frozen (SIGSTOP)");
+        let others: Vec<&(usize, Process)> = live.iter().filter(|(m, _)| *m != n).collect();
+        let took = handoff_of(&st, n, &others, at).await;
+        r.handoffs.push((format!("SIGSTOP of member {n}"), took));
+        tokio::time::sleep((SESSION + Duration::from_secs(4)).saturating_sub(
+            Duration::from_secs_f64(if took.is_finite() { took } else { 0.0 }),
+        ))
+        .await;
+        live[i].1.signal(libc::SIGCONT);
+        r.freezes.push(SESSION.as_secs() + 4);
+        println!("   round {round}: member {n} resumed (SIGCONT)");
+        tokio::time::sleep(secs(&mut rng, 8.0, 12.0)).await;
+
+        // A graceful leave, then a join.
+        respawn_exited(&st, &mut live, &mut spawn, &mut main, r).await?;
+        let i = rng.random_range(0..live.len());
+        let (n, mut p) = live.remove(i);
+        let e = p.stop(Duration::from_secs(30)).await;
+        println!("   round {round}: member {n} left (SIGTERM): {e:?}");
+        if e.code != Some(0) {
+            r.own_exits
+                .push(format!("member {n} on SIGTERM: {e:?}: {}", p.tail(3)));
+        }
+        tokio::time::sleep(secs(&mut rng, 4.0, 8.0)).await;
+        live.push(spawn(&st)?);
+        tokio::time::sleep(secs(&mut rng, 8.0, 12.0)).await;
+    }
+    respawn_exited(&st, &mut live, &mut spawn, &mut main, r).await?;
+    for (n, mut p) in live {
+        let e = p.stop(Duration::from_secs(30)).await;
+        if e.code != Some(0) && e.signal.is_none() {
+            r.own_exits
+                .push(format!("member {n} at the end: {e:?}: {}", p.tail(3)));
+        }
+    }
+    tokio::time::sleep(SESSION + Duration::from_secs(1)).await;
+    st.finish(env, &mut main, r).await?;
+    keep_on_failure(&st, r);
+    Ok(())
+}
+
+/// Members that exited on their own are reported, and restarted as an
+/// orchestrator would (after unwedging the broker if they said it was stuck).
+async fn respawn_exited(
+    st: &Stage,
+    live: &mut [(usize, Process)],
+    spawn: &mut impl FnMut(&Stage) -> Res<(usize, Process)>,
+    main: &mut Broker,
+    r: &mut PhaseReport,
+) -> Res<()> {
+    for slot in live.iter_mut() {
+        if let Some(e) = slot.1.wait_for(Duration::ZERO).await {
+            let tail = slot.1.tail(1);
+            r.own_exits
+                .push(format!("member {}: {e:?}: {tail}", slot.0));
+            unwedge(main, &tail, r)?;
+            *slot = spawn(st)?;
+        }
+    }
+    Ok(())
+}
+
+/// Seconds from `at` until a member of `live` was assigned one of the
+/// partitions member `gone` held then (its shards are claimed before its
+/// next record), at most two minutes; NaN if none was.
+async fn handoff(
+    st: &Stage,
+    gone: usize,
+    live: &[(usize, Process)],
+    at: std::time::SystemTime,
+) -> f64 {
+    let refs: Vec<&(usize, Process)> = live.iter().collect();
+    handoff_of(st, gone, &refs, at).await
+}
+
+async fn handoff_of(
+    st: &Stage,
+    gone: usize,
+    live: &[&(usize, Process)],
+    at: std::time::SystemTime,
+) -> f64 {
+    let log = |n: usize| st.dir.join(format!("graphsink-{n}.log"));
+    let held = held_partitions(&log(gone));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline && !held.is_empty() {
+        let first = live
+            .iter()
+            .filter_map(|(n, _)| first_assignment_after(&log(*n), at, &held))
+            .min();
+        if let Some(t) = first {
+            return t.duration_since(at).unwrap_or_default().as_secs_f64();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    f64::NAN
+}
+
+/// A graphsink log's `assigned`/`revoked` lines: (time, assigned?, partitions).
+fn group_events(log: &Path) -> Vec<(std::time::SystemTime, bool, Vec<String>)> {
+    let text = cluster::strip_ansi(&std::fs::read_to_string(log).unwrap_or_default());
+    text.lines()
+        .filter_map(|l| {
+            let assigned = l.contains("event=\"assigned\"");
+            if !assigned && !l.contains("event=\"revoked\"") {
+                return None;
+            }
+            let stamp = l.split_whitespace().next()?;
+            let t = std::time::SystemTime::from(chrono::DateTime::parse_from_rfc3339(stamp).ok()?);
+            let parts = l
+                .split("partitions=")
+                .nth(1)?
+                .split_whitespace()
+                .next()
+                .unwrap_or("");
+            let parts = parts
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+                .collect();
+            Some((t, assigned, parts))
+        })
+        .collect()
+}
+
+/// The partitions a member's log says it holds at its end.
+fn held_partitions(log: &Path) -> std::collections::BTreeSet<String> {
+    let mut held = std::collections::BTreeSet::new();
+    for (_, assigned, parts) in group_events(log) {
+        for p in parts {
+            if assigned {
+                held.insert(p);
+            } else {
+                held.remove(&p);
+            }
+        }
+    }
+    held
+}
+
+/// When a log first shows an assignment after `at` naming one of `wanted`.
+fn first_assignment_after(
+    log: &Path,
+    at: std::time::SystemTime,
+    wanted: &std::collections::BTreeSet<String>,
+) -> Option<std::time::SystemTime> {
+    group_events(log)
+        .into_iter()
+        .find(|(t, assigned, parts)| {
+            *assigned && *t > at && parts.iter().any(|p| wanted.contains(p))
+        })
+        .map(|(t, _, _)| t)
 }
 
 #[derive(Clone, Copy)]

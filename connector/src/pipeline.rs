@@ -162,12 +162,24 @@ pub async fn run_with(
                     stats.restarts.fetch_add(1, Ordering::Relaxed);
                 }
                 metrics.session_restarted();
-                tracing::warn!(
-                    error = %e,
-                    retry_in = ?delay,
-                    "storage failed; restarting the ingest session in this process \
-                     (shards reopen and replay; records not yet acked are read again)"
-                );
+                if e.kind() == ErrorKind::Fenced {
+                    metrics.fenced();
+                    tracing::warn!(
+                        event = "fenced",
+                        error = %e,
+                        retry_in = ?delay,
+                        "another member claimed a shard of this one (the group moved its \
+                         partition): rejoining the group in this process; records not yet \
+                         acked are read again by their owner"
+                    );
+                } else {
+                    tracing::warn!(
+                        error = %e,
+                        retry_in = ?delay,
+                        "storage failed; restarting the ingest session in this process \
+                         (shards reopen and replay; records not yet acked are read again)"
+                    );
+                }
                 tokio::select! {
                     _ = shutdown.cancelled() => return Err(e),
                     _ = tokio::time::sleep(delay) => {}
@@ -444,7 +456,10 @@ impl FoldTask {
     }
 }
 
-type AckFuture = BoxFuture<'static, Result<PollAck>>;
+/// A poll's durability: its ack, and the shards whose writes failed because
+/// another writer claimed them (partition sharding: the shard moved with
+/// its partition; `on_ack` decides whether that is fatal).
+type AckFuture = BoxFuture<'static, Result<(PollAck, Vec<(String, u32, Error)>)>>;
 
 struct RunLoop<'a> {
     config: &'a Config,
@@ -503,7 +518,10 @@ impl FoldRole {
         let mut feeds: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for m in &config.mappings {
             if let Some(t) = graph.schema().get(m.type_name()) {
-                feeds.entry(m.topic.clone()).or_default().push(t.table.clone());
+                feeds
+                    .entry(m.topic.clone())
+                    .or_default()
+                    .push(t.table.clone());
             }
         }
         let first = feeds.keys().next().cloned().unwrap_or_default();
@@ -579,7 +597,9 @@ impl RunLoop<'_> {
                     if let Some(t) = full_since.take() {
                         self.stats.window_full_ns.fetch_add(nanos(t), Ordering::Relaxed);
                     }
-                    self.on_ack(ack?);
+                    let (ack, moved) = ack?;
+                    self.on_moved(moved)?;
+                    self.on_ack(ack);
                 }
                 _ = sleep_until(self.breaker.paused_until), if self.breaker.paused_until.is_some() => {
                     tracing::warn!(event = "breaker_closed", "reject-rate breaker: resuming fetches");
@@ -753,13 +773,19 @@ impl RunLoop<'_> {
                 Ok::<_, Error>(())
             };
             let written = async {
+                let mut moved = Vec::new();
                 for w in writes {
-                    w.wait().await?;
+                    let (table, bucket) = (w.table.clone(), w.bucket);
+                    match w.wait().await {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == ErrorKind::Fenced => moved.push((table, bucket, e)),
+                        Err(e) => return Err(e),
+                    }
                 }
-                Ok(())
+                Ok(moved)
             };
-            futures::try_join!(delivered, written)?;
-            Ok(ack)
+            let ((), moved) = futures::try_join!(delivered, written)?;
+            Ok((ack, moved))
         }
         .boxed()
     }
@@ -792,6 +818,26 @@ impl RunLoop<'_> {
             self.metrics.breaker(true);
             b.window_start = None;
         }
+    }
+
+    /// Writes a fencing failed: fatal (the session restarts) unless each
+    /// failed shard was released here, its partitions revoked, and is not
+    /// held again. Then its records are the next owner's (it re-reads them
+    /// from the committed offset, and replays whatever reached the WAL),
+    /// and `on_ack` drops the revoked partitions from this ack.
+    fn on_moved(&mut self, moved: Vec<(String, u32, Error)>) -> Result<()> {
+        for (table, bucket, e) in moved {
+            let gone = self.role.is_some() && self.pool.released(&table, bucket);
+            if !gone {
+                return Err(e);
+            }
+            tracing::info!(
+                table,
+                bucket,
+                "writes of a shard that moved to another member were not acked here"
+            );
+        }
+        Ok(())
     }
 
     fn on_ack(&mut self, mut ack: PollAck) {
@@ -827,6 +873,7 @@ impl RunLoop<'_> {
                     let shards = self.pool.shards_of(&tps, &role.feeds);
                     let started = std::time::Instant::now();
                     self.pool.claim(&shards).await?;
+                    self.pool.close_parked();
                     tracing::info!(shards = shards.len(), took = ?started.elapsed(), "claimed the shards of the assigned partitions");
                 }
                 self.assigned.extend(tps);
@@ -854,7 +901,8 @@ impl RunLoop<'_> {
         }
         if let Some(role) = &self.role {
             let leads = self.assigned.contains(&role.fold_partition);
-            role.tx.send_if_modified(|was| std::mem::replace(was, leads) != leads);
+            role.tx
+                .send_if_modified(|was| std::mem::replace(was, leads) != leads);
         }
         Ok(())
     }
@@ -1001,7 +1049,10 @@ impl RunLoop<'_> {
         let mut failed = None;
         while let Some(ack) = self.in_flight.next().await {
             match ack {
-                Ok(ack) if failed.is_none() => self.on_ack(ack),
+                Ok((ack, moved)) if failed.is_none() => match self.on_moved(moved) {
+                    Ok(()) => self.on_ack(ack),
+                    Err(e) => failed = Some(e),
+                },
                 Ok(_) => {}
                 Err(e) => {
                     failed.get_or_insert(e);

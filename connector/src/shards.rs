@@ -217,6 +217,11 @@ pub struct ShardPool {
     pub tables: BTreeMap<String, TableShards>,
     graph: Graph,
     wal: WalSettings,
+    /// Writers of revoked partitions, kept until the assignment that ends
+    /// the rebalance: an eager rebalance revokes everything and often
+    /// assigns the same partitions back, which then reuse their writer
+    /// instead of fencing it (and failing its in-flight acks).
+    parked: BTreeMap<(String, u32), Shard>,
 }
 
 /// One writer's memory and flush count (for metrics).
@@ -304,6 +309,7 @@ impl ShardPool {
             tables: out,
             graph: graph.clone(),
             wal: wal.clone(),
+            parked: BTreeMap::new(),
         })
     }
 
@@ -324,6 +330,19 @@ impl ShardPool {
                 continue;
             }
             let id = shard_id(table, bucket);
+            if let Some(s) = self.parked.remove(&(table.clone(), bucket)) {
+                match s.writer.check_fenced().await {
+                    Ok(()) => {
+                        tracing::debug!(table, bucket, "shard back before its writer closed: kept");
+                        t.shards.insert(bucket, s);
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::debug!(table, bucket, error = %e, "parked shard writer was fenced");
+                        close_in_background(s);
+                    }
+                }
+            }
             let wal = &self.wal;
             let config = ShardWriterConfig {
                 durable_write: true,
@@ -381,29 +400,35 @@ impl ShardPool {
         out
     }
 
-    /// Gives up the writers of `shards` (a revoke): they leave the pool and
-    /// are closed in the background, bounded, so their memtables flush to
-    /// generations any member's fold can read. The next owner's claim
-    /// replays whatever a close did not finish.
+    /// Gives up the writers of `shards` (a revoke): they leave the pool
+    /// and are parked until `close_parked`, at the next assignment.
     pub fn release(&mut self, shards: &[(String, u32)]) {
-        const BOUND: std::time::Duration = std::time::Duration::from_secs(10);
         for (table, bucket) in shards {
-            let Some(s) = self.tables.get_mut(table).and_then(|t| t.shards.remove(bucket)) else {
-                continue;
-            };
-            let id = s.writer.shard_id();
-            tokio::spawn(async move {
-                let Ok(w) = Arc::try_unwrap(s.writer) else {
-                    tracing::warn!(%id, table = %s.table, "released shard still in use; its next owner replays it");
-                    return;
-                };
-                match tokio::time::timeout(BOUND, w.close()).await {
-                    Ok(Ok(())) => tracing::debug!(%id, table = %s.table, bucket = s.bucket, "released shard closed"),
-                    Ok(Err(e)) => tracing::warn!(%id, error = %e, "released shard did not close; its next owner replays it"),
-                    Err(_) => tracing::warn!(%id, "released shard did not close within {BOUND:?}; its next owner replays it"),
-                }
-            });
+            if let Some(s) = self
+                .tables
+                .get_mut(table)
+                .and_then(|t| t.shards.remove(bucket))
+            {
+                self.parked.insert((table.clone(), *bucket), s);
+            }
         }
+    }
+
+    /// Closes, in the background and bounded, the parked writers no
+    /// assignment took back, so their memtables flush to generations any
+    /// member's fold can read. The next owner's claim replays whatever a
+    /// close did not finish.
+    pub fn close_parked(&mut self) {
+        for (_, s) in std::mem::take(&mut self.parked) {
+            close_in_background(s);
+        }
+    }
+
+    /// Whether `table`'s `bucket` was released by this process and not
+    /// claimed back (its in-flight writes may fail once another member
+    /// claims it).
+    pub fn released(&self, table: &str, bucket: u32) -> bool {
+        !self.holds(table, bucket)
     }
 
     /// Whether this process holds the writer of `table`'s `bucket`.
@@ -476,7 +501,8 @@ impl ShardPool {
     }
 
     /// Flushes and closes every writer (drain on shutdown).
-    pub async fn close(self) -> Result<()> {
+    pub async fn close(mut self) -> Result<()> {
+        self.close_parked();
         for t in self.tables.into_values() {
             for s in t.shards.into_values() {
                 let id = s.writer.shard_id();
@@ -496,6 +522,30 @@ impl ShardPool {
         }
         Ok(())
     }
+}
+
+/// Closes a writer that left the pool, in the background, bounded.
+fn close_in_background(s: Shard) {
+    const BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+    let id = s.writer.shard_id();
+    tokio::spawn(async move {
+        let Ok(w) = Arc::try_unwrap(s.writer) else {
+            tracing::warn!(%id, table = %s.table, "released shard still in use; its next owner replays it");
+            return;
+        };
+        match tokio::time::timeout(BOUND, w.close()).await {
+            Ok(Ok(())) => {
+                tracing::debug!(%id, table = %s.table, bucket = s.bucket, "released shard closed")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(%id, error = %e, "released shard did not close; its next owner replays it")
+            }
+            Err(_) => tracing::warn!(
+                %id,
+                "released shard did not close within {BOUND:?}; its next owner replays it"
+            ),
+        }
+    });
 }
 
 /// Durability of one put or delete, with where it went (for error messages).

@@ -225,9 +225,11 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
     let a_stats = Arc::new(graphsink::RunStats::default());
     let (a, a_stop) = member(a_stats.clone());
     produce(&topic, &batch(1)).await;
-    wait_until("the first member committed round 1", Duration::from_secs(60), || {
-        all_committed(&topic)
-    })
+    wait_until(
+        "the first member committed round 1",
+        Duration::from_secs(60),
+        || all_committed(&topic),
+    )
     .await;
 
     let b_stats = Arc::new(graphsink::RunStats::default());
@@ -236,20 +238,29 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
     let mut round = 2;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while b_stats.consumed.load(Ordering::Relaxed) == 0 {
-        assert!(std::time::Instant::now() < deadline, "the second member never got records");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second member never got records"
+        );
         produce(&topic, &batch(round)).await;
         round += 1;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let last = round - 1;
-    wait_until("both members committed everything", Duration::from_secs(60), || {
-        all_committed(&topic)
-    })
+    wait_until(
+        "both members committed everything",
+        Duration::from_secs(60),
+        || all_committed(&topic),
+    )
     .await;
-    wait_until("the graph holds the last round", Duration::from_secs(60), || {
-        let rows = futures::executor::block_on(tg.rows("nodes/Person"));
-        rows.len() == 40 && rows.values().all(|r| r["age"] == json!(last))
-    })
+    wait_until(
+        "the graph holds the last round",
+        Duration::from_secs(60),
+        || {
+            let rows = futures::executor::block_on(tg.rows("nodes/Person"));
+            rows.len() == 40 && rows.values().all(|r| r["age"] == json!(last))
+        },
+    )
     .await;
     assert!(a_stats.consumed.load(Ordering::Relaxed) > 0);
     assert!(!a.is_finished() && !b.is_finished(), "a member stopped");

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{execute, plan, Folded, Policies, Report};
-use crate::error::Result;
+use crate::error::{ErrorKind, Result};
 use crate::failpoints;
 use crate::graph::{Graph, GraphCommit};
 use crate::kafka::DeadLetters;
@@ -116,10 +116,18 @@ impl FoldLoop {
         let mut limits = HashMap::new();
         for f in cut.frozen {
             limits.insert(f.shard, f.upto_generation);
-            f.fence
-                .wait()
-                .await
-                .map_err(|e| shards::fenced_or(e, &f.table, f.bucket, f.shard, "flush"))?;
+            let flushed = f.fence.wait().await;
+            match flushed.map_err(|e| shards::fenced_or(e, &f.table, f.bucket, f.shard, "flush")) {
+                Ok(()) => {}
+                // Partition sharding: the shard moved to another member
+                // since the cut; its flushed generations are folded as any
+                // other member's, its memtable is the new owner's replay.
+                Err(e) if self.leader.is_some() && e.kind() == ErrorKind::Fenced => {
+                    tracing::info!(table = %f.table, bucket = f.bucket, "a cut shard moved to another member before its flush");
+                    limits.remove(&f.shard);
+                }
+                Err(e) => return Err(e),
+            }
         }
         if let Some(leader) = &self.leader {
             if !*leader.borrow() {

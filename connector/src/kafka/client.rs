@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use rdkafka::config::ClientConfig;
 
-use crate::config::Config;
+use crate::config::{Config, Sharding};
 
 /// librdkafka properties that only a consumer understands.
 const CONSUMER_ONLY: &[&str] = &[
@@ -59,6 +59,15 @@ pub(crate) fn consumer_config(config: &Config) -> ClientConfig {
     let mut cc = ClientConfig::new();
     for (k, v) in CONSUMER_DEFAULTS {
         cc.set(*k, *v);
+    }
+    if config.wal.sharding == Sharding::Partition {
+        // A shard has one writer: its partition must leave one member
+        // before another gets it. Eager `range` revokes everything first;
+        // on tansu 0.6 `cooperative-sticky` under churn (a member
+        // restarting with a new id) assigned a partition still held by
+        // another member, and the two fenced each other in turn
+        // (docs/scale-out.md). Users may still override it.
+        cc.set("partition.assignment.strategy", "range");
     }
     for (k, v) in &config.kafka {
         cc.set(k, v);
