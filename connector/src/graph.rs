@@ -56,6 +56,10 @@ pub struct GraphCommit {
     /// Newest commit (seq) whose fold rejects all reached the dead-letter topic.
     #[serde(default)]
     pub dead_letters_delivered: u64,
+    /// The process that folded it (`<host> pid <pid>`): with several
+    /// members, which one folded (`graphsink status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folder: Option<String>,
 }
 
 /// Generations `(after, upto]` of one shard merged by a commit.
@@ -363,6 +367,7 @@ impl Graph {
             offsets: vec![],
             stats: BTreeMap::new(),
             dead_letters_delivered: 0,
+            folder: None,
         };
         let mut rows = ManifestRows::default();
         rows.push_commit(&commit);

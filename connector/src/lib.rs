@@ -63,7 +63,7 @@ pub use query::rejects::{
     ReplaySelection,
 };
 pub use query::status::{
-    graph_status, kafka_status, GraphStatus, KafkaStatus, PartitionStatus, PendingStatus,
+    graph_status, kafka_status, GraphStatus, KafkaStatus, LastFold, PartitionStatus, PendingStatus,
     ShardState,
 };
 pub use query::{check, commits, fold_offline, gc, snapshot, CheckSummary, Snapshot, TableRows};

@@ -461,8 +461,27 @@ impl ShardPool {
             for s in t.shards.values() {
                 let id = s.writer.shard_id();
                 let err = |e| fenced_or(e, &s.table, s.bucket, id, "freeze");
-                let active = s.writer.memtable_stats().await.map_err(err)?.generation;
-                let fence = s.writer.force_freeze_active().await.map_err(err)?;
+                let frozen = async {
+                    let active = s.writer.memtable_stats().await.map_err(err)?.generation;
+                    let fence = s.writer.force_freeze_active().await.map_err(err)?;
+                    Ok::<_, Error>((active, fence))
+                };
+                let (active, fence) = match frozen.await {
+                    Ok(f) => f,
+                    // Partition sharding: the group gave the shard's
+                    // partition to another member, which claimed it before
+                    // this one handled the revoke. Left out of the cut; its
+                    // flushed generations are folded like any other
+                    // member's, and a later write to it fails the session.
+                    Err(e)
+                        if e.kind() == crate::error::ErrorKind::Fenced
+                            && self.graph.layout().sharding == Sharding::Partition =>
+                    {
+                        tracing::info!(table = %s.table, bucket = s.bucket, "a shard moved to another member before this one's revoke; not in this cut");
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 let upto = fence
                     .frozen_generation()
                     .unwrap_or(active.saturating_sub(1));

@@ -169,6 +169,7 @@ fn child_of(parent: &GraphCommit, actor: &str) -> GraphCommit {
         offsets: vec![],
         stats: BTreeMap::new(),
         dead_letters_delivered: 0,
+        folder: None,
     }
 }
 

@@ -280,6 +280,13 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
     assert!(epochs.contains(&1) && epochs.contains(&2), "{epochs:?}");
     assert_eq!(a_stats.restarts.load(Ordering::Relaxed), 0);
     assert_eq!(b_stats.restarts.load(Ordering::Relaxed), 0);
+    // Both members run in this process, so one folder is named: this one.
+    let me = graphsink::shard_holder();
+    assert_eq!(
+        status.last_folds.first().map(|f| f.folder.as_str()),
+        Some(me.as_str())
+    );
+    assert_eq!(status.last_folds[0].seq, status.head.seq);
 
     a_stop.cancel();
     b_stop.cancel();

@@ -134,6 +134,15 @@ pub(super) fn graph_status(g: &GraphStatus) {
             s.table, s.bucket, s.writer_epoch, s.current_generation, s.folded_upto, s.unfolded
         );
     }
+    for f in &g.last_folds {
+        println!(
+            "folded   by {}  last seq {}  {} ({} ago)",
+            f.folder,
+            f.seq,
+            fmt_ms(f.created_at),
+            fmt_age(g.now - f.created_at)
+        );
+    }
 }
 
 /// `people/0-3,7 orders/1`: a member's partitions, by topic.
@@ -287,6 +296,7 @@ pub(super) fn status_json(g: &GraphStatus, kafka: &Result<KafkaStatus>) {
         "rejects": g.rejects,
         "storage": g.storage,
         "shards": g.shards,
+        "last_folds": g.last_folds,
         "kafka": null,
     });
     match kafka {

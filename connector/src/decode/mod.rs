@@ -177,6 +177,8 @@ pub struct RecordDecoder {
     /// Under `wal.partitioner`: the producers' partitioner and the topic's
     /// partition count, to check each keyed record's partition.
     placement: Option<(Partitioner, i32)>,
+    /// Under partition sharding: last write wins per (partition, id).
+    per_partition: bool,
     /// Batch decodes run (see `part_or_split`).
     decodes: u64,
 }
@@ -227,6 +229,7 @@ impl RecordDecoder {
             validator: Validator::new(ty)?,
             check_partition_key: false,
             placement: None,
+            per_partition: false,
             decodes: 0,
         })
     }
@@ -250,6 +253,7 @@ impl RecordDecoder {
             }
         );
         self.placement = placement.filter(|_| on && !coordinates);
+        self.per_partition = on;
         let by_construction = matches!(
             self.shape,
             Shape::Node(KeySource::Named(KeyOrigin::Kafka))
@@ -584,24 +588,36 @@ impl RecordDecoder {
                 .expect("id is the first column")
                 .clone()
         });
+        // Under partition sharding a row's shard is its partition, so the
+        // last write wins per (partition, id): rows of one id from two
+        // partitions both reach their shards, where the fold refuses the
+        // breach (`shard_conflict`) instead of this merge hiding it.
+        let per_partition = self.per_partition;
+        let part = |r: usize| {
+            if per_partition {
+                records[r].partition
+            } else {
+                0
+            }
+        };
         // foldhash, not SipHash: one probe per record on the hot path, keys
         // from the poll itself.
-        let mut last: HashMap<&str, usize, foldhash::fast::RandomState> =
+        let mut last: HashMap<(&str, i32), usize, foldhash::fast::RandomState> =
             HashMap::with_capacity_and_hasher(up_idx.len() + del_idx.len(), Default::default());
         if let Some(ids) = &up_ids {
             for (i, &r) in up_idx.iter().enumerate() {
-                let e = last.entry(ids.value(i)).or_insert(r);
+                let e = last.entry((ids.value(i), part(r))).or_insert(r);
                 *e = (*e).max(r);
             }
         }
         for (id, &r) in del_ids.iter().zip(del_idx) {
-            let e = last.entry(id.as_str()).or_insert(r);
+            let e = last.entry((id.as_str(), part(r))).or_insert(r);
             *e = (*e).max(r);
         }
         let mut out = Decoded::default();
         if let (Some(rows), Some(ids)) = (upserts, &up_ids) {
             let k: UInt32Array = (0..ids.len())
-                .filter(|&i| last[ids.value(i)] == up_idx[i])
+                .filter(|&i| last[&(ids.value(i), part(up_idx[i]))] == up_idx[i])
                 .map(|i| i as u32)
                 .collect();
             if !k.is_empty() {
@@ -615,7 +631,7 @@ impl RecordDecoder {
         let (kept, partitions): (Vec<&str>, Vec<i32>) = del_ids
             .iter()
             .zip(del_idx)
-            .filter(|(id, &r)| last[id.as_str()] == r)
+            .filter(|(id, &r)| last[&(id.as_str(), part(r))] == r)
             .map(|(id, &r)| (id.as_str(), records[r].partition))
             .unzip();
         if !kept.is_empty() {
@@ -1353,6 +1369,34 @@ mod tests {
             let out = d.decode(&[rec(0, Some("x"), Some(v))]).unwrap();
             assert!(out.rejects.is_empty(), "{m}: {:?}", out.rejects);
         }
+    }
+
+    #[test]
+    fn under_partition_sharding_last_write_wins_per_partition() {
+        let on = |p: i32, offset: i64, age: &'static str| SourceRecord {
+            partition: p,
+            ..rec(offset, Some("ann"), Some(age))
+        };
+        let recs = [
+            on(1, 0, r#"{"age":1}"#),
+            on(3, 1, r#"{"age":2}"#),
+            on(1, 2, r#"{"age":3}"#),
+        ];
+        let mut d = decoder("key = 'kafka'").partition_keyed(true, None);
+        let out = d.decode(&recs).unwrap();
+        let rows = out.upserts.unwrap();
+        assert_eq!(
+            col(&rows, "age"),
+            ["2", "3"],
+            "one row per partition, the later of p1"
+        );
+        assert_eq!(col(&rows, SRC_PARTITION), ["3", "1"]);
+        // Bucket sharding: the last in the poll wins, whatever its partition.
+        let mut d = decoder("key = 'kafka'");
+        assert_eq!(
+            col(&d.decode(&recs).unwrap().upserts.unwrap(), "age"),
+            ["3"]
+        );
     }
 
     #[test]

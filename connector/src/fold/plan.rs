@@ -36,6 +36,9 @@ pub struct FoldPlan {
     /// Newest commit whose fold rejects all reached the dead-letter topic.
     #[serde(default)]
     pub dead_letters_delivered: u64,
+    /// The process that planned it (`shards::holder`).
+    #[serde(default)]
+    pub folder: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -92,6 +95,7 @@ pub async fn plan(
         base: head.tables.clone(),
         retry_pending,
         dead_letters_delivered: head.dead_letters_delivered,
+        folder: Some(shards::holder()),
     }))
 }
 

@@ -98,6 +98,7 @@ pub(crate) fn commit_on(plan: &FoldPlan, outcomes: &Outcomes, head: &GraphCommit
             .map(|(t, o)| (t.clone(), o.stats))
             .collect::<BTreeMap<_, _>>(),
         dead_letters_delivered: plan.dead_letters_delivered,
+        folder: plan.folder.clone(),
     }
 }
 

@@ -42,25 +42,45 @@ pub(crate) async fn produce(config: &Config, topic: &str, records: &[KeyValue]) 
     let producer: FutureProducer = client::producer_config(&config.kafka)
         .set("enable.idempotence", "true")
         .create()?;
-    let mut pending = Vec::with_capacity(records.len());
-    for r in records {
-        let mut rec: FutureRecord<String, String> = FutureRecord::to(topic);
-        if let Some(k) = &r.key {
-            rec = rec.key(k);
-        }
-        if let Some(v) = &r.value {
-            rec = rec.payload(v);
-        }
-        pending.push(
-            producer
-                .send_result(rec)
-                .map_err(|(e, _)| Error::Kafka(e))?,
-        );
-    }
-    for p in pending {
+    let mut pending = std::collections::VecDeque::with_capacity(records.len().min(100_000));
+    let delivered = |p: rdkafka::producer::DeliveryFuture| async move {
         p.await
             .map_err(|_| Error::Other("producer dropped a delivery".into()))?
-            .map_err(|(e, _)| Error::Kafka(e))?;
+            .map_err(|(e, _)| Error::Kafka(e))
+    };
+    for r in records {
+        loop {
+            let mut rec: FutureRecord<String, String> = FutureRecord::to(topic);
+            if let Some(k) = &r.key {
+                rec = rec.key(k);
+            }
+            if let Some(v) = &r.value {
+                rec = rec.payload(v);
+            }
+            match producer.send_result(rec) {
+                Ok(p) => {
+                    pending.push_back(p);
+                    break;
+                }
+                // librdkafka's local queue is full (a large file): wait for
+                // the oldest delivery, then try again.
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    _,
+                )) => match pending.pop_front() {
+                    Some(p) => {
+                        delivered(p).await?;
+                    }
+                    None => tokio::time::sleep(Duration::from_millis(10)).await,
+                },
+                Err((e, _)) => return Err(Error::Kafka(e)),
+            }
+        }
+    }
+    for p in pending {
+        delivered(p).await?;
     }
     blocking(|| producer.flush(Duration::from_secs(30)))?;
     Ok(())

@@ -30,6 +30,17 @@ pub struct GraphStatus {
     pub storage: Vec<TableStorage>,
     /// Every MemWAL shard, by table then bucket.
     pub shards: Vec<ShardState>,
+    /// Each folding process's newest commit, newest first (commits from
+    /// before the folder was recorded are left out).
+    pub last_folds: Vec<LastFold>,
+}
+
+/// The newest commit one process folded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LastFold {
+    pub folder: String,
+    pub seq: u64,
+    pub created_at: i64,
 }
 
 /// One MemWAL shard: who last claimed it (its epoch) and how far the
@@ -142,6 +153,7 @@ pub async fn graph_status(config: &Config) -> Result<GraphStatus> {
     };
     let storage = graph_storage(&graph).await?;
     let shards = shard_states(&graph, &head).await?;
+    let last_folds = last_folds(&graph.commits().await?);
     Ok(GraphStatus {
         head,
         now,
@@ -149,7 +161,24 @@ pub async fn graph_status(config: &Config) -> Result<GraphStatus> {
         rejects,
         storage,
         shards,
+        last_folds,
     })
+}
+
+/// The newest commit of each folder, from commits newest first.
+fn last_folds(commits: &[GraphCommit]) -> Vec<LastFold> {
+    let mut seen = std::collections::BTreeSet::new();
+    commits
+        .iter()
+        .filter_map(|c| {
+            let f = c.folder.as_ref()?;
+            seen.insert(f.clone()).then(|| LastFold {
+                folder: f.clone(),
+                seq: c.seq,
+                created_at: c.created_at,
+            })
+        })
+        .collect()
 }
 
 /// Each MemWAL shard of the head's tables, from its stored manifest (not a

@@ -82,6 +82,7 @@ fn commit(seq: u64, created_at: i64, pins: &[(&str, u64)]) -> GraphCommit {
         offsets: vec![],
         stats: BTreeMap::new(),
         dead_letters_delivered: 0,
+        folder: None,
     }
 }
 

@@ -477,6 +477,7 @@ fn commit(id: &str) -> crate::graph::GraphCommit {
         offsets: vec![],
         stats: Default::default(),
         dead_letters_delivered: 0,
+        folder: None,
     }
 }
 
