@@ -165,6 +165,24 @@ impl Error {
         }
     }
 
+    /// Another writer committed first: the graph's head or a table moved
+    /// under this one (with several members, two folding during a
+    /// hand-off). Nothing it acknowledged depends on the lost commit.
+    pub fn is_commit_race(&self) -> bool {
+        use lance::Error as L;
+        match self {
+            Error::CommitConflict { .. } => true,
+            Error::Lance { source, .. } => matches!(
+                source,
+                L::CommitConflict { .. }
+                    | L::RetryableCommitConflict { .. }
+                    | L::IncompatibleTransaction { .. }
+                    | L::TooMuchWriteContention { .. }
+            ),
+            _ => false,
+        }
+    }
+
     /// A task that ended by panicking (or was cancelled) becomes `Panic`,
     /// never a retryable error.
     pub fn joined(task: &'static str, e: tokio::task::JoinError) -> Error {

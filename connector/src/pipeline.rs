@@ -151,10 +151,13 @@ pub async fn run_with(
             // Under partition sharding a fencing means the group moved a
             // shard while this member was away (a pause past the session
             // timeout): nothing past durability was acked, so it rejoins.
+            // A lost commit race means another member folded meanwhile (a
+            // hand-off of the fold partition): the new session re-reads who
+            // folds and recovers whatever this fold left.
             Err(e)
                 if (e.is_passing_storage_failure()
-                    || (e.kind() == ErrorKind::Fenced
-                        && config.wal.sharding == Sharding::Partition))
+                    || (config.wal.sharding == Sharding::Partition
+                        && (e.kind() == ErrorKind::Fenced || e.is_commit_race())))
                     && !shutdown.is_cancelled() =>
             {
                 let delay = backoff.next(started.elapsed());
@@ -510,7 +513,9 @@ struct FoldRole {
     /// Topic → the type tables it feeds.
     feeds: BTreeMap<String, Vec<String>>,
     fold_partition: TopicPartition,
-    tx: watch::Sender<bool>,
+    /// Every mapped partition.
+    partitions: usize,
+    tx: watch::Sender<fold::Part>,
 }
 
 impl FoldRole {
@@ -525,10 +530,17 @@ impl FoldRole {
             }
         }
         let first = feeds.keys().next().cloned().unwrap_or_default();
+        let partitions = graph
+            .layout()
+            .partitions
+            .values()
+            .map(|&n| n as usize)
+            .sum();
         FoldRole {
             feeds,
             fold_partition: (first, 0),
-            tx: watch::channel(false).0,
+            partitions,
+            tx: watch::channel(fold::Part::default()).0,
         }
     }
 }
@@ -900,9 +912,12 @@ impl RunLoop<'_> {
             }
         }
         if let Some(role) = &self.role {
-            let leads = self.assigned.contains(&role.fold_partition);
+            let part = fold::Part {
+                folds: self.assigned.contains(&role.fold_partition),
+                alone: self.assigned.len() >= role.partitions,
+            };
             role.tx
-                .send_if_modified(|was| std::mem::replace(was, leads) != leads);
+                .send_if_modified(|was| std::mem::replace(was, part) != part);
         }
         Ok(())
     }

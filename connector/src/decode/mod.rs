@@ -156,6 +156,17 @@ struct Checked {
     rejects: Vec<(usize, Reject)>,
 }
 
+impl Checked {
+    /// Every row kept.
+    fn unchanged(rows: Option<RecordBatch>, up_idx: Vec<usize>) -> Checked {
+        Checked {
+            rows,
+            up_idx,
+            rejects: vec![],
+        }
+    }
+}
+
 /// Turns records of one topic into rows of its graph type.
 pub struct RecordDecoder {
     ty: GraphType,
@@ -432,17 +443,12 @@ impl RecordDecoder {
         upserts: Option<RecordBatch>,
         up_idx: Vec<usize>,
     ) -> Result<Checked> {
-        let unchanged = |rows, up_idx| Checked {
-            rows,
-            up_idx,
-            rejects: vec![],
-        };
         let Some(rows) = upserts.as_ref().filter(|_| !self.validator.is_empty()) else {
-            return Ok(unchanged(upserts, up_idx));
+            return Ok(Checked::unchanged(upserts, up_idx));
         };
         let violations = self.validator.check(rows);
         if violations.is_empty() {
-            return Ok(unchanged(upserts, up_idx));
+            return Ok(Checked::unchanged(upserts, up_idx));
         }
         let refused = violations
             .into_iter()
@@ -459,13 +465,8 @@ impl RecordDecoder {
         upserts: Option<RecordBatch>,
         up_idx: Vec<usize>,
     ) -> Result<Checked> {
-        let unchanged = |rows, up_idx| Checked {
-            rows,
-            up_idx,
-            rejects: vec![],
-        };
         let Some(rows) = upserts.as_ref().filter(|_| self.check_partition_key) else {
-            return Ok(unchanged(upserts, up_idx));
+            return Ok(Checked::unchanged(upserts, up_idx));
         };
         let ids = rows
             .column(0)
@@ -483,7 +484,7 @@ impl RecordDecoder {
             })
             .collect();
         if refused.is_empty() {
-            return Ok(unchanged(upserts, up_idx));
+            return Ok(Checked::unchanged(upserts, up_idx));
         }
         self.refuse_rows(records, rows, up_idx, refused)
     }

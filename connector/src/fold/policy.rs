@@ -44,6 +44,23 @@ impl Policies {
         }
     }
 
+    /// The policies of a fold that other members' unflushed rows may miss
+    /// (partition sharding: each member flushes its shards once per fold
+    /// interval). `on_missing_endpoint = "reject"` then defers for `grace`
+    /// first, so an edge whose endpoint another member holds in memory is
+    /// not refused early; still missing after `grace`, it is refused with
+    /// the same code.
+    pub(crate) fn deferring_rejects(&self, grace: std::time::Duration) -> Policies {
+        let mut p = self.clone();
+        for t in p.types.values_mut() {
+            if t.endpoint == EndpointPolicy::Reject {
+                t.endpoint = EndpointPolicy::Defer;
+                t.deadline_ms = grace.as_millis() as i64;
+            }
+        }
+        p
+    }
+
     /// A type's policy; a type no mapping names gets the defaults.
     pub(crate) fn of(&self, ty: &str) -> TypePolicy {
         self.types.get(ty).copied().unwrap_or(TypePolicy {

@@ -26,6 +26,15 @@ pub(crate) struct FreezeCut {
 
 pub(crate) type CutRequest = tokio::sync::oneshot::Sender<Result<FreezeCut>>;
 
+/// A member's part in folding under partition sharding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Part {
+    /// It holds the fold partition: it folds every shard.
+    pub folds: bool,
+    /// It holds every mapped partition: no other member has unflushed rows.
+    pub alone: bool,
+}
+
 /// The background fold loop of a running connector: serial, one fold at a
 /// time, triggered by its interval, by `wake` (pending rows/bytes, or an
 /// operator's request), and stopped by `stop`.
@@ -55,11 +64,12 @@ pub(crate) struct FoldLoop {
     pub(crate) report: Report,
     /// When the oldest record not yet published was taken (over cuts, as `spans`).
     pub oldest_taken: Option<std::time::Instant>,
-    /// Under partition sharding, whether this member folds now (it holds
-    /// the fold partition); the others only freeze their shards, so that
-    /// the folding member finds their rows in flushed generations.
-    /// `None`: this process holds every shard and folds.
-    pub leader: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Under partition sharding, this member's part: whether it folds now
+    /// (it holds the fold partition; the others only freeze their shards,
+    /// so that the folding member finds their rows in flushed generations)
+    /// and whether it holds every partition. `None`: this process holds
+    /// every shard and folds.
+    pub leader: Option<tokio::sync::watch::Receiver<Part>>,
     /// Whether this member recovered and re-delivered since it last became
     /// the folding member.
     pub recovered: bool,
@@ -129,8 +139,10 @@ impl FoldLoop {
                 Err(e) => return Err(e),
             }
         }
+        let mut policies = std::borrow::Cow::Borrowed(&self.policies);
         if let Some(leader) = &self.leader {
-            if !*leader.borrow() {
+            let part = *leader.borrow();
+            if !part.folds {
                 // Another member folds these rows, and reports its own
                 // offsets and latency.
                 self.recovered = false;
@@ -145,6 +157,10 @@ impl FoldLoop {
                 self.delivered = self.delivered.max(delivered);
                 self.recovered = true;
             }
+            if !part.alone {
+                let grace = 2 * self.interval.max(std::time::Duration::from_secs(1));
+                policies = std::borrow::Cow::Owned(self.policies.deferring_rejects(grace));
+            }
             // Every other shard as far as it is flushed: its generations
             // are complete once listed in its manifest.
             for table in self.graph.wal_tables() {
@@ -158,7 +174,7 @@ impl FoldLoop {
         let head = self.graph.head().await?;
         if let Some(mut plan) = plan(
             &self.graph,
-            &self.policies,
+            &policies,
             &head,
             &Some(limits),
             spans,
@@ -171,7 +187,7 @@ impl FoldLoop {
                 commit,
                 rejects,
                 stages: t,
-            } = execute(&self.graph, &self.policies, &plan).await?;
+            } = execute(&self.graph, &policies, &plan).await?;
             *spans = WrittenSpans::default();
             // Published first, then produced: a crash in between re-delivers
             // on the next start (at least once, by reject_id).
