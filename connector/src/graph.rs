@@ -27,7 +27,7 @@ use crate::schema::{
     REJECTS_TABLE, SRC_PARTITION,
 };
 use crate::store::Store;
-use crate::types::now_ms;
+use crate::types::{now_ms, PartitionOffsets};
 pub use crate::types::OffsetRange;
 
 const HEAD_ID: &str = "graph_head:main";
@@ -60,6 +60,11 @@ pub struct GraphCommit {
     /// members, which one folded (`graphsink status`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folder: Option<String>,
+    /// Dead-letter offsets known before this commit was published: every
+    /// produce of its fold rejects lands at or past them, so a re-delivery
+    /// reads from here to skip what a crashed folder already produced.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dead_letter_since: PartitionOffsets,
 }
 
 /// Generations `(after, upto]` of one shard merged by a commit.
@@ -368,6 +373,7 @@ impl Graph {
             stats: BTreeMap::new(),
             dead_letters_delivered: 0,
             folder: None,
+            dead_letter_since: PartitionOffsets::new(),
         };
         let mut rows = ManifestRows::default();
         rows.push_commit(&commit);

@@ -651,6 +651,16 @@ impl Metrics {
         self.dead_letters_pending.dec_by(ok as i64);
     }
 
+    /// Rejects found on the dead-letter topic already (produced before a
+    /// crash): not produced again.
+    pub fn dead_letters_skipped(&self, n: usize) {
+        if n > 0 {
+            let c = self.dead_letters.get_or_create(&ResultLabels { result: "skipped" });
+            c.inc_by(n as u64);
+            self.dead_letters_pending.dec_by(n as i64);
+        }
+    }
+
     /// Rejects no longer waiting without being delivered (a stop).
     pub fn dead_letters_abandoned(&self, n: usize) {
         self.dead_letters_pending.dec_by(n as i64);

@@ -175,6 +175,15 @@ pub async fn run_with(
                          partition): rejoining the group in this process; records not yet \
                          acked are read again by their owner"
                     );
+                } else if e.is_commit_race() && !e.is_passing_storage_failure() {
+                    tracing::warn!(
+                        event = "commit_race",
+                        error = %e,
+                        retry_in = ?delay,
+                        "another member published a graph commit while this one folded \
+                         (the fold partition moved): restarting the session in this process; \
+                         the new folder recovers what this fold left"
+                    );
                 } else {
                     tracing::warn!(
                         error = %e,
@@ -779,7 +788,7 @@ impl RunLoop<'_> {
             let delivered = async {
                 if !rejects.is_empty() {
                     failpoints::hit(failpoints::REJECTS_BEFORE_DEAD_LETTERS)?;
-                    dead_letters.deliver(&rejects, &stop).await?;
+                    dead_letters.deliver(&rejects, None, &stop).await?;
                     failpoints::hit(failpoints::REJECTS_AFTER_DEAD_LETTERS)?;
                 }
                 Ok::<_, Error>(())

@@ -170,6 +170,7 @@ fn child_of(parent: &GraphCommit, actor: &str) -> GraphCommit {
         stats: BTreeMap::new(),
         dead_letters_delivered: 0,
         folder: None,
+        dead_letter_since: Default::default(),
     }
 }
 

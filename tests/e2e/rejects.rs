@@ -320,8 +320,21 @@ async fn a_broken_dead_letter_topic_loses_no_reject() {
 }
 
 /// A crash after the fold's publish and before its dead-letter produce:
-/// the restart re-delivers the fold reject (at least once, same reject_id).
+/// the restart re-delivers the fold reject, once.
 async fn a_crash_between_publish_and_dead_letter_redelivers(backend: Backend) {
+    crash_around_the_dead_letter_produce(backend, "fold.before_dead_letters", 0).await
+}
+
+/// A crash after the fold reject reached the dead-letter topic and before
+/// the delivery mark: the restart finds it there and produces nothing (it
+/// was produced twice before `GraphCommit::dead_letter_since`).
+async fn a_crash_after_the_dead_letter_produce_does_not_repeat_it(backend: Backend) {
+    crash_around_the_dead_letter_produce(backend, "fold.before_delivered_mark", 1).await
+}
+
+/// One fold reject, a crash at `failpoint` with `produced` copies on the
+/// topic, then two clean runs: the topic ends with exactly one copy.
+async fn crash_around_the_dead_letter_produce(backend: Backend, failpoint: &str, produced: usize) {
     let tg = TestGraph::on(
         backend,
         "node Person { name: String @key }\nedge Likes: Person -> Person",
@@ -342,7 +355,7 @@ async fn a_crash_between_publish_and_dead_letter_redelivers(backend: Backend) {
     .await;
     let out = tg.cli(
         &["run", "--exit-at-end"],
-        &[("GRAPHSINK_FAILPOINTS", "fold.before_dead_letters=abort")],
+        &[("GRAPHSINK_FAILPOINTS", &format!("{failpoint}=abort"))],
     );
     assert!(!out.status.success(), "the failpoint aborts");
     let rows = rejects_at_head(&tg).await;
@@ -350,9 +363,11 @@ async fn a_crash_between_publish_and_dead_letter_redelivers(backend: Backend) {
     assert_eq!(rows[0]["code"], json!("endpoint_not_found"));
     assert_eq!(rows[0]["stage"], json!("fold"));
     let id = rows[0]["reject_id"].as_str().unwrap().to_string();
-    assert!(
-        read_topic(&tg.dlq, 1, Duration::from_secs(3)).is_empty(),
-        "nothing was produced before the crash"
+    let wait = if produced == 0 { 3 } else { 10 };
+    assert_eq!(
+        read_topic(&tg.dlq, produced.max(1), Duration::from_secs(wait)).len(),
+        produced,
+        "produced before the crash at {failpoint}"
     );
     // Let the dead member's session (6 s) expire first: tansu 0.6 can leave
     // a new member unassigned when it joins while the old one is expiring.
@@ -364,7 +379,8 @@ async fn a_crash_between_publish_and_dead_letter_redelivers(backend: Backend) {
         String::from_utf8_lossy(&out.stderr)
     );
     let dlq = read_topic(&tg.dlq, 2, Duration::from_secs(10));
-    assert_eq!(dlq.len(), 1, "re-delivered once");
+    let ids: Vec<_> = dlq.iter().map(|m| m.header("graphsink.reject_id")).collect();
+    assert_eq!(dlq.len(), 1, "on the topic once: {ids:?}");
     assert_eq!(dlq[0].header("graphsink.reject_id"), Some(id));
     assert_eq!(dlq[0].header("graphsink.stage").as_deref(), Some("fold"));
     assert_eq!(
@@ -422,6 +438,7 @@ async fn the_reject_rate_breaker_pauses_fetching() {
 crate::on_every_backend!(
     a_hostile_corpus_is_rejected_record_by_record_in_both_sinks,
     a_crash_between_publish_and_dead_letter_redelivers,
+    a_crash_after_the_dead_letter_produce_does_not_repeat_it,
 );
 
 /// The generated hostile corpus (over 300 distinct bad records across every

@@ -15,7 +15,7 @@ use crate::graph::{new_commit_id, Graph, GraphCommit};
 use crate::offsets::WrittenSpans;
 use crate::schema::{pending_table, PENDING_SINCE};
 use crate::shards;
-use crate::types::{now_ms, OffsetRange};
+use crate::types::{now_ms, OffsetRange, PartitionOffsets};
 
 /// Everything one fold will do, decided before its first table commit.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,6 +39,10 @@ pub struct FoldPlan {
     /// The process that planned it (`shards::holder`).
     #[serde(default)]
     pub folder: Option<String>,
+    /// `GraphCommit::dead_letter_since`: the parent's, raised by the
+    /// folder to the dead-letter offsets it has seen.
+    #[serde(default)]
+    pub dead_letter_since: PartitionOffsets,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -96,6 +100,7 @@ pub async fn plan(
         retry_pending,
         dead_letters_delivered: head.dead_letters_delivered,
         folder: Some(shards::holder()),
+        dead_letter_since: head.dead_letter_since.clone(),
     }))
 }
 

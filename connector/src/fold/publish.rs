@@ -99,6 +99,7 @@ pub(crate) fn commit_on(plan: &FoldPlan, outcomes: &Outcomes, head: &GraphCommit
             .collect::<BTreeMap<_, _>>(),
         dead_letters_delivered: plan.dead_letters_delivered,
         folder: plan.folder.clone(),
+        dead_letter_since: plan.dead_letter_since.clone(),
     }
 }
 

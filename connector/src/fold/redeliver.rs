@@ -8,6 +8,7 @@ use crate::graph::{Graph, GraphCommit};
 use crate::kafka::DeadLetters;
 use crate::rejects::{self, Reject};
 use crate::schema::REJECTS_TABLE;
+use crate::types::PartitionOffsets;
 
 /// Fold rejects a crash kept from the dead-letter topic go out first.
 /// Returns the newest commit whose fold rejects are all delivered.
@@ -19,13 +20,14 @@ pub(crate) async fn redeliver(
     let Undelivered {
         head_seq: delivered,
         rejects: late,
+        since,
     } = undelivered(graph).await?;
     if !late.is_empty() {
         tracing::warn!(
             rejects = late.len(),
             "re-delivering fold rejects of published commits"
         );
-        dead_letters.deliver(&late, shutdown).await?;
+        dead_letters.deliver(&late, Some(&since), shutdown).await?;
         graph.set_dead_letters_delivered(delivered).await?;
     }
     Ok(delivered)
@@ -38,6 +40,9 @@ pub(crate) struct Undelivered {
     pub head_seq: u64,
     /// By `reject_id`.
     pub rejects: Vec<Reject>,
+    /// Dead-letter offsets from before the oldest of their commits was
+    /// published: whatever of them a crashed folder produced is past these.
+    pub since: PartitionOffsets,
 }
 
 /// Fold rejects of published commits newer than the head's delivery mark.
@@ -46,7 +51,7 @@ pub(crate) async fn undelivered(graph: &Graph) -> Result<Undelivered> {
     let mark = graph.dead_letters_delivered().await?;
     let none = Undelivered {
         head_seq: head.seq,
-        rejects: vec![],
+        ..Default::default()
     };
     if head.seq <= mark {
         return Ok(none);
@@ -72,8 +77,15 @@ pub(crate) async fn undelivered(graph: &Graph) -> Result<Undelivered> {
         out.extend(rejects::from_batch(b)?);
     }
     out.sort_by(|a, b| a.reject_id.cmp(&b.reject_id));
+    // Newest first: the last is the oldest commit, and its bound holds
+    // for every later one.
+    let since = commits
+        .last()
+        .map(|c| c.dead_letter_since.clone())
+        .unwrap_or_default();
     Ok(Undelivered {
         head_seq: head.seq,
         rejects: out,
+        since,
     })
 }

@@ -183,6 +183,7 @@ impl FoldLoop {
         .await?
         {
             plan.dead_letters_delivered = plan.dead_letters_delivered.max(self.delivered);
+            crate::types::raise_offsets(&mut plan.dead_letter_since, &self.dead_letters.seen());
             let Folded {
                 commit,
                 rejects,
@@ -190,11 +191,12 @@ impl FoldLoop {
             } = execute(&self.graph, &policies, &plan).await?;
             *spans = WrittenSpans::default();
             // Published first, then produced: a crash in between re-delivers
-            // on the next start (at least once, by reject_id).
+            // on the next start, skipping what reached the topic (once per
+            // reject_id).
             failpoints::hit(failpoints::FOLD_BEFORE_DEAD_LETTERS)?;
             if !rejects.is_empty() {
                 self.dead_letters
-                    .deliver(&rejects, &self.stop_delivery)
+                    .deliver(&rejects, Some(&commit.dead_letter_since), &self.stop_delivery)
                     .await?;
                 failpoints::hit(failpoints::FOLD_BEFORE_DELIVERED_MARK)?;
                 self.graph.set_dead_letters_delivered(commit.seq).await?;

@@ -1,11 +1,12 @@
 //! The dead-letter producer: produces rejects to their dead-letter topic and
 //! waits for the broker's acknowledgements, retrying with backoff while the
 //! topic is unavailable. A reject is never dropped, and its offset waits
-//! until it is delivered. It decides nothing about what is rejected.
+//! until it is delivered. Asked to, it first skips the rejects the topic
+//! already holds (`delivered`). It decides nothing about what is rejected.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -15,11 +16,13 @@ use tokio_util::sync::CancellationToken;
 use super::admin::{self, TopicCreation};
 use super::client;
 use super::client_log::ClientLog;
+use super::delivered::DeliveredReader;
 use super::record::{reject_record, Purpose};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::rejects::Reject;
+use crate::types::{raise_offsets, PartitionOffsets};
 
 /// librdkafka's default `message.max.bytes`.
 const LIBRDKAFKA_MESSAGE_MAX_BYTES: usize = 1_000_000;
@@ -46,6 +49,11 @@ pub(crate) struct DeadLetters {
     /// the connector started (and does not auto-create topics) would
     /// otherwise time out every produce for ever.
     topics_ready: Arc<AtomicBool>,
+    /// Reads what the topics hold, for deliveries that must not repeat.
+    reader: DeliveredReader,
+    /// The dead-letter offsets this process has seen (its acknowledgements,
+    /// its reads): every later produce lands at or past them.
+    seen: Arc<Mutex<PartitionOffsets>>,
 }
 
 /// One delivery as the metrics see it: rejects still pending, and whether
@@ -66,8 +74,18 @@ impl<'a> Delivery<'a> {
         }
     }
 
-    fn round(&mut self, ok: usize, failed: usize) {
-        self.metrics.dead_letters_sent(ok, failed);
+    /// Rejects found on the topic already: not produced again.
+    fn skipped(&mut self, n: usize) {
+        self.metrics.dead_letters_skipped(n);
+        self.pending -= n;
+    }
+
+    /// One round of produces; `attempted = false`: the round could not
+    /// start (the topics could not be read), and failed all the same.
+    fn round(&mut self, ok: usize, failed: usize, attempted: bool) {
+        if attempted {
+            self.metrics.dead_letters_sent(ok, failed);
+        }
         self.pending -= ok;
         if failed > 0 && !self.retrying {
             self.retrying = true;
@@ -117,18 +135,44 @@ impl DeadLetters {
             metrics,
             client: cc,
             topics_ready: Arc::default(),
+            reader: DeliveredReader::new(config)?,
+            seen: Arc::default(),
         };
         dl.create_topics().await;
+        // Best effort: the first fold's lower bound (`seen`). Without it a
+        // re-delivery reads its topic from the start.
+        match dl.reader.read(dl.topics(), None).await {
+            Ok(found) => dl.saw(&found.ends),
+            Err(e) => tracing::debug!(error = %e, "dead-letter ends unknown at start"),
+        }
         Ok(dl)
+    }
+
+    /// Every dead-letter topic, sorted.
+    fn topics(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.by_topic.values().cloned().collect();
+        names.push(self.default_topic.clone());
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    fn saw(&self, offsets: &PartitionOffsets) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        raise_offsets(&mut seen, offsets);
+    }
+
+    /// Dead-letter offsets every later produce lands at or past: what a
+    /// fold plan records (`GraphCommit::dead_letter_since`).
+    pub(crate) fn seen(&self) -> PartitionOffsets {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Best effort: a broker that auto-creates topics, or an operator who
     /// created them, needs none of this; a failure shows at produce time.
     async fn create_topics(&self) {
-        let mut names: Vec<&str> = self.by_topic.values().map(String::as_str).collect();
-        names.push(&self.default_topic);
-        names.sort();
-        names.dedup();
+        let topics = self.topics();
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
         let outcomes = match admin::create_topics(&self.client, &names, 1).await {
             Ok(o) => o,
             Err(e) => {
@@ -164,27 +208,52 @@ impl DeadLetters {
     /// acknowledgements awaited together; only the failed ones are retried,
     /// with backoff. Returns only when all are acknowledged, or with an
     /// error once `stop` is cancelled.
-    pub(crate) async fn deliver(&self, rejects: &[Reject], stop: &CancellationToken) -> Result<()> {
+    ///
+    /// `once`: before each round, the rejects the topics hold at or past
+    /// these offsets are skipped, so no reject id is produced twice (fold
+    /// rejects, `GraphCommit::dead_letter_since`). `None` delivers at least
+    /// once (record rejects: their offsets wait, so a crash re-reads and
+    /// re-produces them).
+    pub(crate) async fn deliver(
+        &self,
+        rejects: &[Reject],
+        once: Option<&PartitionOffsets>,
+        stop: &CancellationToken,
+    ) -> Result<()> {
         let mut todo: Vec<&Reject> = rejects.iter().collect();
         let mut delivery = Delivery::new(&self.metrics, todo.len());
         let mut delay = Duration::from_millis(100);
         let mut first = true;
         while !todo.is_empty() {
-            // The first round runs to its end (bounded by
-            // message.timeout.ms), so a graceful stop still delivers to a
-            // healthy topic; retries give way to `stop`.
-            let failed = if std::mem::take(&mut first) {
-                self.send_all(&todo).await
-            } else {
-                tokio::select! {
-                    failed = self.send_all(&todo) => failed,
-                    _ = stop.cancelled() => todo.iter().map(|&reject| Failed {
-                        reject,
-                        error: "stopped while producing".to_string(),
-                    }).collect(),
+            let (failed, attempted) = match self.skip_delivered(&mut todo, once).await {
+                Err(e) => {
+                    let error = format!("cannot read what the topic holds: {e}");
+                    let failed = todo.iter().map(|&reject| Failed { reject, error: error.clone() });
+                    (failed.collect(), false)
+                }
+                Ok(skipped) => {
+                    delivery.skipped(skipped);
+                    if todo.is_empty() {
+                        return Ok(());
+                    }
+                    // The first round runs to its end (bounded by
+                    // message.timeout.ms), so a graceful stop still delivers
+                    // to a healthy topic; retries give way to `stop`.
+                    let failed = if std::mem::take(&mut first) {
+                        self.send_all(&todo).await
+                    } else {
+                        tokio::select! {
+                            failed = self.send_all(&todo) => failed,
+                            _ = stop.cancelled() => todo.iter().map(|&reject| Failed {
+                                reject,
+                                error: "stopped while producing".to_string(),
+                            }).collect(),
+                        }
+                    };
+                    (failed, true)
                 }
             };
-            delivery.round(todo.len() - failed.len(), failed.len());
+            delivery.round(todo.len() - failed.len(), failed.len(), attempted);
             let Some(f) = failed.first() else {
                 return Ok(());
             };
@@ -219,6 +288,29 @@ impl DeadLetters {
         Ok(())
     }
 
+    /// With `once`: drops from `todo` the rejects the topics already hold
+    /// (produced by a folder that crashed before its delivery mark, or by
+    /// a round whose acknowledgement was lost). Returns how many.
+    async fn skip_delivered(
+        &self,
+        todo: &mut Vec<&Reject>,
+        once: Option<&PartitionOffsets>,
+    ) -> Result<usize> {
+        let Some(since) = once else { return Ok(0) };
+        let mut topics: Vec<String> = todo.iter().map(|r| self.topic_for(r).to_string()).collect();
+        topics.sort();
+        topics.dedup();
+        let found = self.reader.read(topics, Some(since.clone())).await?;
+        self.saw(&found.ends);
+        let before = todo.len();
+        todo.retain(|r| !found.reject_ids.contains(&r.reject_id));
+        let skipped = before - todo.len();
+        if skipped > 0 {
+            tracing::info!(skipped, of = before, "fold rejects already on the dead-letter topic; not produced again");
+        }
+        Ok(skipped)
+    }
+
     /// Queues every reject in order, then awaits all their deliveries;
     /// returns the failed ones, in order.
     async fn send_all<'a>(&self, rejects: &[&'a Reject]) -> Vec<Failed<'a>> {
@@ -235,11 +327,17 @@ impl DeadLetters {
             connector: &self.connector,
             max_bytes: self.max_bytes,
         };
-        let rec = reject_record(r, self.topic_for(r), &purpose);
-        self.producer
+        let topic = self.topic_for(r);
+        let rec = reject_record(r, topic, &purpose);
+        let delivered = self
+            .producer
             .send(rec, QUEUE_TIMEOUT)
             .await
-            .map(|_| ())
-            .map_err(|(e, _)| e.to_string())
+            .map_err(|(e, _)| e.to_string())?;
+        self.saw(&PartitionOffsets::from([(
+            topic.to_string(),
+            [(delivered.partition, delivered.offset + 1)].into(),
+        )]));
+        Ok(())
     }
 }

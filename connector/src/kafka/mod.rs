@@ -8,6 +8,7 @@ pub(crate) mod client;
 pub(crate) mod client_log;
 pub(crate) mod consumer;
 pub(crate) mod dead_letters;
+pub(crate) mod delivered;
 pub(crate) mod produce;
 pub(crate) mod queries;
 pub(crate) mod record;

@@ -83,6 +83,7 @@ fn commit(seq: u64, created_at: i64, pins: &[(&str, u64)]) -> GraphCommit {
         stats: BTreeMap::new(),
         dead_letters_delivered: 0,
         folder: None,
+        dead_letter_since: Default::default(),
     }
 }
 

@@ -478,6 +478,7 @@ fn commit(id: &str) -> crate::graph::GraphCommit {
         stats: Default::default(),
         dead_letters_delivered: 0,
         folder: None,
+        dead_letter_since: Default::default(),
     }
 }
 

@@ -1,0 +1,172 @@
+//! What the dead-letter topics already hold: the reject ids produced at or
+//! past given offsets. A folder reads them before it produces a commit's
+//! fold rejects, so a crash between a produce and its delivery mark, a
+//! produce whose acknowledgement was lost, or a second folder after a
+//! hand-off does not deliver a reject twice. Kafka transactions would do
+//! this by fencing, but the test broker (tansu 0.6) cannot abort one
+//! (docs/scale-out.md, "Rejects and the dead-letter topic").
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::client::{self, QuietContext};
+use super::record::headers::GS_REJECT_ID;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::types::PartitionOffsets;
+
+/// One metadata or watermark request.
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// A whole read: it ends at the offsets it found at its start.
+const READ_BOUND: Duration = Duration::from_secs(30);
+
+/// What one read found.
+#[derive(Debug, Default)]
+pub(crate) struct Found {
+    /// `graphsink.reject_id` of every message read.
+    pub reject_ids: HashSet<String>,
+    /// Each partition's end when the read started: later produces land past
+    /// it.
+    pub ends: PartitionOffsets,
+}
+
+/// A consumer that only assigns partitions to itself: it never joins the
+/// group and never commits. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct DeliveredReader {
+    consumer: Arc<Mutex<BaseConsumer<QuietContext>>>,
+}
+
+impl DeliveredReader {
+    pub(crate) fn new(config: &Config) -> Result<DeliveredReader> {
+        let mut cc = client::consumer_config(config);
+        cc.set("enable.partition.eof", "true");
+        Ok(DeliveredReader {
+            consumer: Arc::new(Mutex::new(cc.create_with_context(QuietContext)?)),
+        })
+    }
+
+    /// The reject ids on `topics` at or past `since` (a partition `since`
+    /// does not name: from its start), or with `since = None` only the ends.
+    /// A topic that does not exist holds nothing.
+    pub(crate) async fn read(
+        &self,
+        topics: Vec<String>,
+        since: Option<PartitionOffsets>,
+    ) -> Result<Found> {
+        let consumer = self.consumer.clone();
+        tokio::task::spawn_blocking(move || {
+            let c = consumer.lock().unwrap_or_else(|e| e.into_inner());
+            read_blocking(&c, &topics, since.as_ref())
+        })
+        .await
+        .map_err(|e| Error::Other(format!("dead-letter read task: {e}")))?
+    }
+}
+
+fn fail(what: String) -> impl FnOnce(KafkaError) -> Error {
+    move |e| Error::Other(format!("kafka: cannot {what}: {e}"))
+}
+
+fn read_blocking(
+    c: &BaseConsumer<QuietContext>,
+    topics: &[String],
+    since: Option<&PartitionOffsets>,
+) -> Result<Found> {
+    let mut found = Found::default();
+    let mut tpl = TopicPartitionList::new();
+    // The end each assigned partition is read up to.
+    let mut todo: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for t in topics {
+        let md = c
+            .fetch_metadata(Some(t), TIMEOUT)
+            .map_err(fail(format!("fetch metadata of dead-letter topic {t}")))?;
+        let Some(mt) = md.topics().iter().find(|x| x.name() == t) else {
+            continue;
+        };
+        match mt.error().map(RDKafkaErrorCode::from) {
+            None => {}
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => continue,
+            Some(e) => {
+                return Err(Error::Other(format!(
+                    "kafka: dead-letter topic {t}: metadata error {e}"
+                )))
+            }
+        }
+        for p in mt.partitions() {
+            let (low, high) = c
+                .fetch_watermarks(t, p.id(), TIMEOUT)
+                .map_err(fail(format!("fetch watermarks of {t}/{}", p.id())))?;
+            found.ends.entry(t.clone()).or_default().insert(p.id(), high);
+            let Some(since) = since else { continue };
+            let from = since
+                .get(t)
+                .and_then(|m| m.get(&p.id()))
+                .map_or(low, |&o| o.max(low));
+            if from < high {
+                tpl.add_partition_offset(t, p.id(), Offset::Offset(from))
+                    .map_err(fail(format!("assign {t}/{}", p.id())))?;
+                todo.insert((t.clone(), p.id()), high);
+            }
+        }
+    }
+    if todo.is_empty() {
+        return Ok(found);
+    }
+    c.assign(&tpl)
+        .map_err(fail("assign dead-letter partitions".into()))?;
+    let deadline = Instant::now() + READ_BOUND;
+    let outcome = loop {
+        if todo.is_empty() {
+            break Ok(found);
+        }
+        if Instant::now() > deadline {
+            break Err(Error::Other(format!(
+                "reading the dead-letter topics took over {READ_BOUND:?}; {} partitions unread",
+                todo.len()
+            )));
+        }
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                if let Some(hs) = m.headers() {
+                    for h in hs.iter().filter(|h| h.key == GS_REJECT_ID) {
+                        if let Some(v) = h.value {
+                            found
+                                .reject_ids
+                                .insert(String::from_utf8_lossy(v).into_owned());
+                        }
+                    }
+                }
+                let tp = (m.topic().to_string(), m.partition());
+                if todo.get(&tp).is_some_and(|&end| m.offset() + 1 >= end) {
+                    todo.remove(&tp);
+                }
+            }
+            // At a partition's end, or idle: positions tell which are done
+            // (a gap of control records or compaction never yields its
+            // last offset as a message).
+            Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                if let Ok(pos) = c.position() {
+                    for e in pos.elements() {
+                        let tp = (e.topic().to_string(), e.partition());
+                        if let (Offset::Offset(o), Some(&end)) = (e.offset(), todo.get(&tp)) {
+                            if o >= end {
+                                todo.remove(&tp);
+                            }
+                        }
+                    }
+                }
+            }
+            Some(Err(e)) => break Err(fail("read the dead-letter topics".into())(e)),
+        }
+    };
+    let _ = c.unassign();
+    outcome
+}
