@@ -172,13 +172,20 @@ impl Error {
         use lance::Error as L;
         match self {
             Error::CommitConflict { .. } => true,
-            Error::Lance { source, .. } => matches!(
-                source,
-                L::CommitConflict { .. }
-                    | L::RetryableCommitConflict { .. }
-                    | L::IncompatibleTransaction { .. }
-                    | L::TooMuchWriteContention { .. }
-            ),
+            Error::Lance { source, .. } => {
+                matches!(
+                    source,
+                    L::CommitConflict { .. }
+                        | L::RetryableCommitConflict { .. }
+                        | L::IncompatibleTransaction { .. }
+                        | L::TooMuchWriteContention { .. }
+                )
+                // Another folder marked these generations folded first;
+                // Lance reports it as invalid input (lance-table
+                // `system_index/mem_wal.rs`), with no variant of its own.
+                || (matches!(source, L::InvalidInput { .. })
+                    && source.to_string().contains("Stale SSTable compaction"))
+            }
             _ => false,
         }
     }
@@ -305,6 +312,19 @@ mod tests {
             ),
             "Append with different schema: x (then more)"
         );
+    }
+
+    /// A second folder's marker pass over generations another folder
+    /// marked first is a race lost (e2e `two_folders_at_once_overlap…`);
+    /// any other invalid input is not.
+    #[test]
+    fn a_stale_compaction_marker_is_a_commit_race() {
+        let lance = |m: &str| Error::Lance {
+            context: "commit fold".into(),
+            source: lance::Error::invalid_input(m.to_string()),
+        };
+        assert!(lance("Stale SSTable compaction for shard s: proposed generation 1 is not greater than the recorded generation 1").is_commit_race());
+        assert!(!lance("Append with different schema").is_commit_race());
     }
 
     fn lance_io(e: impl std::error::Error + Send + Sync + 'static) -> Error {

@@ -483,6 +483,173 @@ async fn a_fold_on_a_moved_head_rebases_only_if_its_checks_agree() {
     assert_eq!(g.head().await.unwrap().id, older.id, "nothing published");
 }
 
+/// Two rows in different shards claiming one `@unique` email, each put and
+/// frozen on its own: the cuts after the first and after the second.
+struct OneEmailTwoShards {
+    tg: TestGraph,
+    g: Graph,
+    policies: graphsink::testing::Policies,
+    pool: graphsink::testing::ShardPool,
+    /// (bucket, name), in put order.
+    rows: Vec<(u32, String)>,
+    cuts: Vec<std::collections::HashMap<uuid::Uuid, u64>>,
+}
+
+const PERSON: &str = "nodes/Person";
+
+async fn one_email_two_shards() -> OneEmailTwoShards {
+    use graphsink::testing::{Policies, RecordDecoder, ShardPool, SourceRecord};
+    crate::init_logs();
+    let tg = TestGraph::with_schema(
+        "node Person { name: String @key  email: String? @unique }",
+        &["node = \"Person\""],
+        "[wal]\nbuckets = 2",
+    );
+    let cfg = tg.config();
+    let g = local_graph(&tg).await;
+    let policies = Policies::from_config(&cfg);
+    let pool = ShardPool::open(&g, &cfg.wal, &g.wal_tables()).await.unwrap();
+    let mut decoder = RecordDecoder::new(g.schema(), &cfg.mappings[0], 16, 1 << 20).unwrap();
+    let topic = tg.topics[0].clone();
+    let mut rows: Vec<(u32, String)> = vec![];
+    let mut cuts = vec![];
+    for (offset, name) in ["a", "b", "c", "d", "e", "f", "g", "h"].iter().enumerate() {
+        let value = json!({"name": name, "email": "x"}).to_string();
+        let rec = SourceRecord {
+            topic: &topic,
+            partition: 0,
+            offset: offset as i64,
+            timestamp: None,
+            key: None,
+            value: Some(value.as_bytes()),
+            message: None,
+        };
+        let batch = decoder.decode(&[rec]).unwrap().upserts.unwrap();
+        let shards = &pool.tables[PERSON];
+        let bucket = shards.route(&batch).unwrap()[0].0 as u32;
+        if rows.iter().any(|(b, _)| *b == bucket) {
+            continue;
+        }
+        for w in shards.put(batch).await.unwrap() {
+            w.wait().await.unwrap();
+        }
+        rows.push((bucket, name.to_string()));
+        let mut cut = std::collections::HashMap::new();
+        for f in pool.freeze_all().await.unwrap() {
+            cut.insert(f.shard, f.upto_generation);
+            f.fence.wait().await.unwrap();
+        }
+        cuts.push(cut);
+        if rows.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(rows.len(), 2, "one name per bucket: {rows:?}");
+    OneEmailTwoShards {
+        tg,
+        g,
+        policies,
+        pool,
+        rows,
+        cuts,
+    }
+}
+
+impl OneEmailTwoShards {
+    async fn plan_on(
+        &self,
+        head: &GraphCommit,
+        cut: std::collections::HashMap<uuid::Uuid, u64>,
+        actor: &str,
+    ) -> graphsink::testing::FoldPlan {
+        let spans = graphsink::testing::WrittenSpans::default();
+        graphsink::testing::plan(&self.g, &self.policies, head, &Some(cut), &spans, actor)
+            .await
+            .unwrap()
+            .expect("something to fold")
+    }
+
+    fn shard(&self, i: usize) -> uuid::Uuid {
+        graphsink::testing::shard_id(PERSON, self.rows[i].0)
+    }
+
+    /// The next folder (here `graphsink fold`, which recovers first) folds
+    /// the second row on the first's commit: its email is held there.
+    async fn next_folder_rejects_the_second(self, won: &GraphCommit) {
+        let wal = self.tg.config().wal;
+        self.pool.close().await.unwrap();
+        let next = graphsink::testing::fold_offline(&self.g, &self.policies, &wal, "next")
+            .await
+            .expect("recovery reverts the refused fold instead of refusing for ever")
+            .expect("the second row is folded again");
+        assert_eq!(next.parent.as_deref(), Some(won.id.as_str()));
+        let rows = self.tg.rows(PERSON).await;
+        assert_eq!(rows.keys().collect::<Vec<_>>(), vec![&self.rows[0].1], "the email's holder stays");
+        let rejects = rejects_at_head(&self.tg).await;
+        assert_eq!(rejects.len(), 1, "{rejects:?}");
+        assert_eq!(rejects[0]["code"], json!("unique"));
+        assert!(
+            rejects[0]["row"].as_str().unwrap().contains(&format!("\"{}\"", self.rows[1].1)),
+            "{}",
+            rejects[0]["row"]
+        );
+    }
+}
+
+/// Two folders at once, each folding its own shard (issue 13's test): both
+/// plan on the same head, and their rows claim one `@unique` email. The
+/// first publishes; the second's publish re-runs its checks on the first's
+/// commit, where the email is held: caught on rebase, nothing published.
+/// Its tables were written already: the next folder reverts them and folds
+/// the row again on the new head. graphsink's own folder never plans such
+/// disjoint cuts (the next test); the cuts here are made by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_folders_at_once_catch_a_unique_conflict_on_rebase() {
+    use graphsink::testing::execute;
+    let t = one_email_two_shards().await;
+    let head = t.g.head().await.unwrap();
+    let (s0, s1) = (t.shard(0), t.shard(1));
+    let first = t.plan_on(&head, [(s0, t.cuts[0][&s0])].into(), "first").await;
+    let second = t.plan_on(&head, [(s1, t.cuts[1][&s1])].into(), "second").await;
+    let won = execute(&t.g, &t.policies, &first).await.expect("the first folder publishes");
+    assert!(won.rejects.is_empty());
+    let err = execute(&t.g, &t.policies, &second)
+        .await
+        .expect_err("the second re-checks on the first's commit");
+    assert!(
+        matches!(&err, graphsink::Error::CommitConflict { found, .. } if *found == won.commit.id),
+        "{err}"
+    );
+    assert_eq!(t.g.head().await.unwrap().id, won.commit.id);
+    let rows = t.tg.rows(PERSON).await;
+    assert_eq!(rows.keys().collect::<Vec<_>>(), vec![&t.rows[0].1], "only the winner is published");
+    t.next_folder_rejects_the_second(&won.commit).await;
+}
+
+/// Two folders at once as graphsink's folder plans them: each every shard
+/// as far as flushed, so the second's plan holds the first's generation
+/// too. The first publishes; Lance refuses the second's Person write (its
+/// marker is not above the first's): a commit race, after its rejects
+/// table write landed. The next folder reverts that write and plans on the
+/// new head, where the second row's email is held: a `unique` reject, and
+/// the two commits land in order. (Before, recovery rolled the second fold
+/// forward into the same refusal on every start.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_folders_at_once_overlap_and_the_second_refolds_on_the_first() {
+    use graphsink::testing::execute;
+    let t = one_email_two_shards().await;
+    let head = t.g.head().await.unwrap();
+    let first = t.plan_on(&head, t.cuts[0].clone(), "first").await;
+    let second = t.plan_on(&head, t.cuts[1].clone(), "second").await;
+    let won = execute(&t.g, &t.policies, &first).await.expect("the first folder publishes");
+    let err = execute(&t.g, &t.policies, &second)
+        .await
+        .expect_err("Lance refuses the second's Person write");
+    assert!(err.is_commit_race(), "a commit race: {err}");
+    assert_eq!(t.g.head().await.unwrap().id, won.commit.id);
+    t.next_folder_rejects_the_second(&won.commit).await;
+}
+
 /// Lance's compaction commits a fragment-id reservation (no rows, no
 /// properties) before its rewrite; a crash between left a version that
 /// recovery refused as foreign, and the graph could not start again

@@ -1,7 +1,12 @@
 //! Recover: finds table versions committed by a fold that was never
 //! published (after the versions the head pins) and finishes that fold from
-//! the plan its commits carry, with the same rejects. Anything else after
-//! the pins is refused, never guessed at.
+//! the plan its commits carry, with the same rejects. A fold another folder
+//! superseded (it published first, from the same generations or with
+//! checks that now decide otherwise) cannot be finished: its writes are
+//! reverted instead, and the next fold takes what is left. Anything else
+//! after the pins is refused, never guessed at.
+
+use lance::dataset::transaction::Operation;
 
 use super::plan::FoldPlan;
 use super::write::{only_reserves, PLAN_PROPERTY};
@@ -15,9 +20,59 @@ pub(crate) async fn recover(graph: &Graph, policies: &Policies) -> Result<Option
         return Ok(None);
     };
     tracing::warn!(commit = %plan.commit_id, "rolling forward a fold interrupted before its publish");
-    execute(graph, policies, &plan)
-        .await
-        .map(|f| Some(f.commit))
+    match execute(graph, policies, &plan).await {
+        Ok(f) => Ok(Some(f.commit)),
+        // Two folders at once (a hand-off, a folder that was frozen): the
+        // other published first. Rolling forward would meet the same
+        // refusal on every start (a stale compaction marker, or checks that
+        // disagree on the new head), so its writes go; its generations stay
+        // unfolded under the head's markers.
+        Err(e) if e.is_commit_race() => {
+            tracing::warn!(
+                commit = %plan.commit_id, error = %e,
+                "another folder published first and this interrupted fold cannot follow it; \
+                 reverting its table writes (the next fold takes its rows on the new head)"
+            );
+            revert_to_head(graph).await?;
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Restores every table written past the head's pins to its pinned version
+/// (Lance `Restore`: a new version with the old content). Lance rebases a
+/// Restore over a concurrent commit, which would wipe that commit from the
+/// content: if one landed meanwhile (a stopped folder resuming), the
+/// restore is undone and recovery refuses, loudly.
+async fn revert_to_head(graph: &Graph) -> Result<()> {
+    let head = graph.head().await?;
+    for (table, &pinned) in &head.tables {
+        let ds = graph.open_table(table, None).await?;
+        let latest = ds.version().version;
+        if latest <= pinned {
+            continue;
+        }
+        let mut at = graph.open_table(table, Some(pinned)).await?;
+        at.restore()
+            .await
+            .ctx(format!("revert {table} to version {pinned}"))?;
+        let restored = at.version().version;
+        if restored != latest + 1 {
+            let mut back = graph.open_table(table, Some(restored - 1)).await?;
+            back.restore()
+                .await
+                .ctx(format!("undo the revert of {table}"))?;
+            return Err(Error::Corrupt(format!(
+                "{table}: versions {}..={} were committed while a superseded fold was reverted; \
+                 the revert is undone, refusing to guess",
+                latest + 1,
+                restored - 1
+            )));
+        }
+        tracing::info!(table = %table, pinned, voided = latest - pinned, "reverted a superseded fold's writes");
+    }
+    Ok(())
 }
 
 /// The plan of the one unpublished fold, if any.
@@ -27,11 +82,23 @@ async fn unpublished_plan(graph: &Graph) -> Result<Option<FoldPlan>> {
     for (table, &pinned) in &head.tables {
         let ds = graph.open_table(table, None).await?;
         let latest = ds.version().version;
+        // This table's unpublished plan, as of its latest version.
+        let mut here: Option<FoldPlan> = None;
         for v in (pinned + 1)..=latest {
             let txn = ds
                 .read_transaction_by_version(v)
                 .await
                 .ctx(format!("read transaction {table}@{v}"))?;
+            // `revert_to_head`: everything before it is void.
+            if let Some(Operation::Restore { version }) = txn.as_ref().map(|t| &t.operation) {
+                if *version <= pinned {
+                    here = None;
+                    continue;
+                }
+                return Err(Error::Corrupt(format!(
+                    "{table}@{v} restores unpublished version {version}; refusing to guess"
+                )));
+            }
             let plan_json = txn
                 .as_ref()
                 .and_then(|t| t.transaction_properties.as_ref())
@@ -46,15 +113,25 @@ async fn unpublished_plan(graph: &Graph) -> Result<Option<FoldPlan>> {
             };
             let p: FoldPlan = serde_json::from_str(&j)
                 .map_err(|e| Error::Corrupt(format!("{table}@{v}: unreadable fold plan: {e}")))?;
-            match &found {
+            match &here {
                 Some(f) if f.commit_id != p.commit_id => {
                     return Err(Error::Corrupt(format!(
-                    "{table}@{v} belongs to unpublished fold {} while fold {} is also unpublished",
+                        "{table}@{v} belongs to unpublished fold {} while fold {} is also unpublished",
+                        p.commit_id, f.commit_id
+                    )))
+                }
+                _ => here = Some(p),
+            }
+        }
+        match (&found, here) {
+            (Some(f), Some(p)) if f.commit_id != p.commit_id => {
+                return Err(Error::Corrupt(format!(
+                    "{table} belongs to unpublished fold {} while fold {} is also unpublished",
                     p.commit_id, f.commit_id
                 )))
-                }
-                _ => found = Some(p),
             }
+            (_, Some(p)) => found = Some(p),
+            (_, None) => {}
         }
     }
     Ok(found)
