@@ -107,6 +107,10 @@ pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Res
             return Err(r.intolerable());
         }
     }
+    // A record read again after a crash is folded again, into a later
+    // commit, and refused under the same reject id: the first commit's row
+    // and its dead-letter delivery stand, so the id is delivered once.
+    let rejects = rows::unrecorded(graph, &plan.base, rejects).await?;
     // Kept (batches are shared, not copied) for a re-check on a moved head;
     // its id sets are built only then, not on every fold.
     let changes = write::with_rejects(checked.changes.clone(), plan, &read, &rejects)?;

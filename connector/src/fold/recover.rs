@@ -9,7 +9,7 @@
 use lance::dataset::transaction::Operation;
 
 use super::plan::FoldPlan;
-use super::write::{only_reserves, PLAN_PROPERTY};
+use super::write::{only_reserves, pass_of, PLAN_PROPERTY};
 use super::{execute, Policies};
 use crate::error::{Context, Error, Result};
 use crate::graph::{Graph, GraphCommit};
@@ -19,6 +19,19 @@ pub(crate) async fn recover(graph: &Graph, policies: &Policies) -> Result<Option
     let Some(plan) = unpublished_plan(graph).await? else {
         return Ok(None);
     };
+    let head = graph.head().await?;
+    if head.id != plan.parent && superseded(graph, &head, &plan).await? {
+        // Another folder published a fold of some of the same generations
+        // (two folders at once; a frozen one's late write). They may be
+        // deleted since (retention), and rolling forward would be refused.
+        tracing::warn!(
+            commit = %plan.commit_id,
+            "an interrupted fold was superseded: another folder published a fold of its generations; \
+             reverting its table writes (the next fold takes what is left on the new head)"
+        );
+        revert_to_head(graph, &plan).await?;
+        return Ok(None);
+    }
     tracing::warn!(commit = %plan.commit_id, "rolling forward a fold interrupted before its publish");
     match execute(graph, policies, &plan).await {
         Ok(f) => Ok(Some(f.commit)),
@@ -26,32 +39,63 @@ pub(crate) async fn recover(graph: &Graph, policies: &Policies) -> Result<Option
         // other published first. Rolling forward would meet the same
         // refusal on every start (a stale compaction marker, or checks that
         // disagree on the new head), so its writes go; its generations stay
-        // unfolded under the head's markers.
-        Err(e) if e.is_commit_race() => {
+        // unfolded under the head's markers. A race on an unmoved head is
+        // passing: the error stands, and the next start rolls forward.
+        Err(e) if e.is_commit_race() && graph.head().await?.id != plan.parent => {
             tracing::warn!(
                 commit = %plan.commit_id, error = %e,
                 "another folder published first and this interrupted fold cannot follow it; \
                  reverting its table writes (the next fold takes its rows on the new head)"
             );
-            revert_to_head(graph).await?;
+            revert_to_head(graph, &plan).await?;
             Ok(None)
         }
         Err(e) => Err(e),
     }
 }
 
-/// Restores every table written past the head's pins to its pinned version
-/// (Lance `Restore`: a new version with the old content). Lance rebases a
-/// Restore over a concurrent commit, which would wipe that commit from the
-/// content: if one landed meanwhile (a stopped folder resuming), the
-/// restore is undone and recovery refuses, loudly.
-async fn revert_to_head(graph: &Graph) -> Result<()> {
+/// Whether the head has folded past where `plan` started on any of its
+/// shards: its markers there are above the plan's `after`.
+async fn superseded(graph: &Graph, head: &GraphCommit, plan: &FoldPlan) -> Result<bool> {
+    for tp in &plan.tables {
+        let Some(&pinned) = head.tables.get(&tp.table) else {
+            continue;
+        };
+        let ds = graph.open_table(&tp.table, Some(pinned)).await?;
+        let markers = crate::shards::compacted_markers(&ds).await?;
+        if tp
+            .shards
+            .iter()
+            .any(|s| markers.get(&s.shard).copied().unwrap_or(0) > s.after)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Restores every table that `plan` wrote past the head's pins to its
+/// pinned version (Lance `Restore`: a new version with the old content).
+/// Only the plan's own versions are reverted: any other past the pins (the
+/// winner's next fold) makes it refuse. Lance rebases a Restore over a
+/// concurrent commit, which would wipe that commit from the content: if one
+/// landed meanwhile (a stopped folder resuming), the restore is undone and
+/// recovery refuses, loudly.
+async fn revert_to_head(graph: &Graph, plan: &FoldPlan) -> Result<()> {
     let head = graph.head().await?;
     for (table, &pinned) in &head.tables {
         let ds = graph.open_table(table, None).await?;
         let latest = ds.version().version;
         if latest <= pinned {
             continue;
+        }
+        for v in (pinned + 1)..=latest {
+            if pass_of(&ds, v, &plan.commit_id).await?.is_none() && !only_reserves(&ds, v).await? {
+                return Err(Error::Corrupt(format!(
+                    "{table}@{v} is not a write of superseded fold {}; refusing to revert it",
+                    plan.commit_id
+                )));
+            }
         }
         let mut at = graph.open_table(table, Some(pinned)).await?;
         at.restore()
@@ -91,7 +135,7 @@ async fn unpublished_plan(graph: &Graph) -> Result<Option<FoldPlan>> {
                 .ctx(format!("read transaction {table}@{v}"))?;
             // `revert_to_head`: everything before it is void.
             if let Some(Operation::Restore { version }) = txn.as_ref().map(|t| &t.operation) {
-                if *version <= pinned {
+                if *version == pinned {
                     here = None;
                     continue;
                 }

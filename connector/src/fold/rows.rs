@@ -143,3 +143,40 @@ pub(crate) fn concat_all(batches: Vec<RecordBatch>) -> Result<Option<RecordBatch
         .map(Some)
         .ctx("concat")
 }
+
+/// The fold rejects whose id `_ingest_rejects` does not hold at `base` (the
+/// parent commit's pins): the others were recorded, and delivered, by an
+/// earlier commit.
+pub(crate) async fn unrecorded(
+    graph: &crate::graph::Graph,
+    base: &std::collections::BTreeMap<String, u64>,
+    rejects: Vec<crate::rejects::Reject>,
+) -> Result<Vec<crate::rejects::Reject>> {
+    use crate::schema::REJECTS_TABLE;
+    let (false, Some(&version)) = (rejects.is_empty(), base.get(REJECTS_TABLE)) else {
+        return Ok(rejects);
+    };
+    let ds = graph.open_table(REJECTS_TABLE, Some(version)).await?;
+    let ids: Vec<String> = rejects
+        .iter()
+        .map(|r| format!("'{}'", r.reject_id.replace('\'', "''")))
+        .collect();
+    let filter = format!("reject_id IN ({})", ids.join(", "));
+    let mut held = HashSet::new();
+    for b in crate::graph::scan(&ds, Some(&filter), Some(&["reject_id"])).await? {
+        for i in 0..b.num_rows() {
+            held.insert(str_at(&b, "reject_id", i)?);
+        }
+    }
+    if held.is_empty() {
+        return Ok(rejects);
+    }
+    tracing::info!(
+        again = held.len(),
+        "fold rejects an earlier commit recorded (records read again after a crash); its row and delivery stand"
+    );
+    Ok(rejects
+        .into_iter()
+        .filter(|r| !held.contains(&r.reject_id))
+        .collect())
+}

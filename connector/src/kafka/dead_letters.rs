@@ -4,7 +4,7 @@
 //! until it is delivered. Asked to, it first skips the rejects the topic
 //! already holds (`delivered`). It decides nothing about what is rejected.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -103,6 +103,14 @@ impl Drop for Delivery<'_> {
     }
 }
 
+/// What a delivery has read of its topics: the offsets to read on from and
+/// the reject ids found.
+struct Held {
+    from: PartitionOffsets,
+    ids: HashSet<String>,
+    warned: bool,
+}
+
 /// A reject whose produce failed, and why.
 struct Failed<'a> {
     reject: &'a Reject,
@@ -139,11 +147,12 @@ impl DeadLetters {
             seen: Arc::default(),
         };
         dl.create_topics().await;
-        // Best effort: the first fold's lower bound (`seen`). Without it a
-        // re-delivery reads its topic from the start.
-        match dl.reader.read(dl.topics(), None).await {
-            Ok(found) => dl.saw(&found.ends),
-            Err(e) => tracing::debug!(error = %e, "dead-letter ends unknown at start"),
+        // Best effort: the first fold's lower bound (`seen`). Without it
+        // the first commits' fold rejects are delivered at least once.
+        match tokio::time::timeout(Duration::from_secs(10), dl.reader.read(dl.topics(), None)).await {
+            Ok(Ok(found)) => dl.saw(&found.ends),
+            Ok(Err(e)) => tracing::debug!(error = %e, "dead-letter ends unknown at start"),
+            Err(_) => tracing::debug!("dead-letter ends unknown at start (timed out)"),
         }
         Ok(dl)
     }
@@ -224,8 +233,22 @@ impl DeadLetters {
         let mut delivery = Delivery::new(&self.metrics, todo.len());
         let mut delay = Duration::from_millis(100);
         let mut first = true;
+        // What the topics hold, read so far: a retry reads only past it.
+        let mut held = once.map(|since| Held {
+            from: since.clone(),
+            ids: HashSet::new(),
+            warned: false,
+        });
         while !todo.is_empty() {
-            let (failed, attempted) = match self.skip_delivered(&mut todo, once).await {
+            let skipped = if first {
+                self.skip_delivered(&mut todo, held.as_mut()).await
+            } else {
+                tokio::select! {
+                    s = self.skip_delivered(&mut todo, held.as_mut()) => s,
+                    _ = stop.cancelled() => Err(Error::Other("stopped while reading".into())),
+                }
+            };
+            let (failed, attempted) = match skipped {
                 Err(e) => {
                     let error = format!("cannot read what the topic holds: {e}");
                     let failed = todo.iter().map(|&reject| Failed { reject, error: error.clone() });
@@ -288,22 +311,23 @@ impl DeadLetters {
         Ok(())
     }
 
-    /// With `once`: drops from `todo` the rejects the topics already hold
+    /// With `held`: drops from `todo` the rejects the topics already hold
     /// (produced by a folder that crashed before its delivery mark, or by
-    /// a round whose acknowledgement was lost). Returns how many.
-    async fn skip_delivered(
-        &self,
-        todo: &mut Vec<&Reject>,
-        once: Option<&PartitionOffsets>,
-    ) -> Result<usize> {
-        let Some(since) = once else { return Ok(0) };
+    /// an earlier round). Returns how many.
+    async fn skip_delivered(&self, todo: &mut Vec<&Reject>, held: Option<&mut Held>) -> Result<usize> {
+        let Some(held) = held else { return Ok(0) };
         let mut topics: Vec<String> = todo.iter().map(|r| self.topic_for(r).to_string()).collect();
         topics.sort();
         topics.dedup();
-        let found = self.reader.read(topics, Some(since.clone())).await?;
+        let found = self.reader.read(topics, Some(held.from.clone())).await?;
         self.saw(&found.ends);
+        raise_offsets(&mut held.from, &found.ends);
+        held.ids.extend(found.reject_ids);
+        if !found.unbounded.is_empty() && !std::mem::replace(&mut held.warned, true) {
+            tracing::warn!(partitions = ?found.unbounded, "no dead-letter offset recorded before these fold rejects' commit (a graph from before 2026-12-04, or the broker was down at start): delivering them at least once");
+        }
         let before = todo.len();
-        todo.retain(|r| !found.reject_ids.contains(&r.reject_id));
+        todo.retain(|r| !held.ids.contains(&r.reject_id));
         let skipped = before - todo.len();
         if skipped > 0 {
             tracing::info!(skipped, of = before, "fold rejects already on the dead-letter topic; not produced again");

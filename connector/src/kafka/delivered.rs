@@ -1,10 +1,10 @@
 //! What the dead-letter topics already hold: the reject ids produced at or
 //! past given offsets. A folder reads them before it produces a commit's
-//! fold rejects, so a crash between a produce and its delivery mark, a
-//! produce whose acknowledgement was lost, or a second folder after a
-//! hand-off does not deliver a reject twice. Kafka transactions would do
-//! this by fencing, but the test broker (tansu 0.6) cannot abort one
-//! (docs/scale-out.md, "Rejects and the dead-letter topic").
+//! fold rejects, so a crash between a produce and its delivery mark, or a
+//! new folder re-delivering a crashed one's commits, does not deliver a
+//! reject twice. Kafka transactions would do this by fencing (and close
+//! the windows docs/scale-out.md lists), but the test broker (tansu 0.6)
+//! cannot abort one.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -24,8 +24,9 @@ use crate::types::PartitionOffsets;
 
 /// One metadata or watermark request.
 const TIMEOUT: Duration = Duration::from_secs(10);
-/// A whole read: it ends at the offsets it found at its start.
-const READ_BOUND: Duration = Duration::from_secs(30);
+/// A read that receives nothing for this long fails (it ends at the
+/// offsets it found at its start, however many there are).
+const READ_STALL: Duration = Duration::from_secs(30);
 
 /// What one read found.
 #[derive(Debug, Default)]
@@ -35,6 +36,9 @@ pub(crate) struct Found {
     /// Each partition's end when the read started: later produces land past
     /// it.
     pub ends: PartitionOffsets,
+    /// Partitions with no offset to start from: not read (a reject produced
+    /// there before is produced again: at least once).
+    pub unbounded: Vec<(String, i32)>,
 }
 
 /// A consumer that only assigns partitions to itself: it never joins the
@@ -54,8 +58,8 @@ impl DeliveredReader {
     }
 
     /// The reject ids on `topics` at or past `since` (a partition `since`
-    /// does not name: from its start), or with `since = None` only the ends.
-    /// A topic that does not exist holds nothing.
+    /// does not name is not read: `Found::unbounded`), or with `since =
+    /// None` only the ends. A topic that does not exist holds nothing.
     pub(crate) async fn read(
         &self,
         topics: Vec<String>,
@@ -106,10 +110,18 @@ fn read_blocking(
                 .map_err(fail(format!("fetch watermarks of {t}/{}", p.id())))?;
             found.ends.entry(t.clone()).or_default().insert(p.id(), high);
             let Some(since) = since else { continue };
-            let from = since
-                .get(t)
-                .and_then(|m| m.get(&p.id()))
-                .map_or(low, |&o| o.max(low));
+            let Some(&bound) = since.get(t).and_then(|m| m.get(&p.id())) else {
+                found.unbounded.push((t.clone(), p.id()));
+                continue;
+            };
+            let from = if bound > high {
+                // Offsets only grow, unless the topic was deleted and made
+                // again: read what it holds.
+                tracing::warn!(topic = %t, partition = p.id(), bound, high, "dead-letter partition ends below the offset recorded for it (recreated?); reading it from its start");
+                low
+            } else {
+                bound.max(low)
+            };
             if from < high {
                 tpl.add_partition_offset(t, p.id(), Offset::Offset(from))
                     .map_err(fail(format!("assign {t}/{}", p.id())))?;
@@ -122,19 +134,20 @@ fn read_blocking(
     }
     c.assign(&tpl)
         .map_err(fail("assign dead-letter partitions".into()))?;
-    let deadline = Instant::now() + READ_BOUND;
+    let mut last_message = Instant::now();
     let outcome = loop {
         if todo.is_empty() {
             break Ok(found);
         }
-        if Instant::now() > deadline {
+        if last_message.elapsed() > READ_STALL {
             break Err(Error::Other(format!(
-                "reading the dead-letter topics took over {READ_BOUND:?}; {} partitions unread",
+                "reading the dead-letter topics: nothing received for {READ_STALL:?}; {} partitions unread",
                 todo.len()
             )));
         }
         match c.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
+                last_message = Instant::now();
                 if let Some(hs) = m.headers() {
                     for h in hs.iter().filter(|h| h.key == GS_REJECT_ID) {
                         if let Some(v) = h.value {
