@@ -27,6 +27,11 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// A read that receives nothing for this long fails (it ends at the
 /// offsets it found at its start, however many there are).
 const READ_STALL: Duration = Duration::from_secs(30);
+/// After the ends it found, a read listens this long for more: tansu 0.6
+/// can report a high watermark below the records it has acknowledged
+/// (the chaos `kills` phase saw a restart miss a crashed folder's last
+/// produces and deliver them again).
+const TAIL: Duration = Duration::from_millis(700);
 
 /// What one read found.
 #[derive(Debug, Default)]
@@ -52,6 +57,10 @@ impl DeliveredReader {
     pub(crate) fn new(config: &Config) -> Result<DeliveredReader> {
         let mut cc = client::consumer_config(config);
         cc.set("enable.partition.eof", "true");
+        // Every record there is, transactional or not: an idempotent
+        // producer's last batches must be seen (tansu 0.6's stable offset
+        // can trail them).
+        cc.set("isolation.level", "read_uncommitted");
         Ok(DeliveredReader {
             consumer: Arc::new(Mutex::new(cc.create_with_context(QuietContext)?)),
         })
@@ -129,15 +138,36 @@ fn read_blocking(
             }
         }
     }
-    if todo.is_empty() {
+    if todo.is_empty() && since.is_none() {
+        return Ok(found);
+    }
+    // Partitions already at their reported end are read too, for `TAIL`.
+    if let Some(since) = since {
+        for (t, parts) in &found.ends {
+            for (&p, &high) in parts {
+                if !todo.contains_key(&(t.clone(), p))
+                    && since.get(t).and_then(|m| m.get(&p)).is_some()
+                {
+                    let from = since[t][&p].min(high).max(0);
+                    tpl.add_partition_offset(t, p, Offset::Offset(from))
+                        .map_err(fail(format!("assign {t}/{p}")))?;
+                }
+            }
+        }
+    }
+    if tpl.count() == 0 {
         return Ok(found);
     }
     c.assign(&tpl)
         .map_err(fail("assign dead-letter partitions".into()))?;
     let mut last_message = Instant::now();
+    let mut tail_from: Option<Instant> = None;
     let outcome = loop {
         if todo.is_empty() {
-            break Ok(found);
+            let since = *tail_from.get_or_insert_with(Instant::now);
+            if since.elapsed() >= TAIL {
+                break Ok(found);
+            }
         }
         if last_message.elapsed() > READ_STALL {
             break Err(Error::Other(format!(
@@ -161,6 +191,9 @@ fn read_blocking(
                 if todo.get(&tp).is_some_and(|&end| m.offset() + 1 >= end) {
                     todo.remove(&tp);
                 }
+                // Past the reported end: the true end is further.
+                let end = found.ends.entry(tp.0.clone()).or_default().entry(tp.1).or_insert(0);
+                *end = (*end).max(m.offset() + 1);
             }
             // At a partition's end, or idle: positions tell which are done
             // (a gap of control records or compaction never yields its
