@@ -324,7 +324,7 @@ impl DeadLetters {
         raise_offsets(&mut held.from, &found.ends);
         held.ids.extend(found.reject_ids);
         if !found.unbounded.is_empty() && !std::mem::replace(&mut held.warned, true) {
-            tracing::warn!(partitions = ?found.unbounded, "no dead-letter offset recorded before these fold rejects' commit (a graph from before 2026-12-04, or the broker was down at start): delivering them at least once");
+            tracing::warn!(partitions = ?found.unbounded, "dead-letter partitions with no offset recorded before these fold rejects' commit (a graph from before 2026-12-04, the broker down at start, or a topic not created yet): delivering them at least once");
         }
         let before = todo.len();
         todo.retain(|r| !held.ids.contains(&r.reject_id));

@@ -41,8 +41,9 @@ pub(crate) struct Found {
     /// Each partition's end when the read started: later produces land past
     /// it.
     pub ends: PartitionOffsets,
-    /// Partitions with no offset to start from: not read (a reject produced
-    /// there before is produced again: at least once).
+    /// Partitions with no offset to start from, and topics the cluster does
+    /// not know (partition -1): not read (a reject produced there before is
+    /// produced again: at least once).
     pub unbounded: Vec<(String, i32)>,
 }
 
@@ -55,7 +56,12 @@ pub(crate) struct DeliveredReader {
 
 impl DeliveredReader {
     pub(crate) fn new(config: &Config) -> Result<DeliveredReader> {
+        // The dead letters' cluster: `errors.producer` may name another one
+        // than `[kafka]` (its producer-only properties are ignored here).
         let mut cc = client::consumer_config(config);
+        for (k, v) in &config.errors.producer {
+            cc.set(k, v);
+        }
         cc.set("enable.partition.eof", "true");
         // Every record there is, transactional or not: an idempotent
         // producer's last batches must be seen (tansu 0.6's stable offset
@@ -101,12 +107,18 @@ fn read_blocking(
         let md = c
             .fetch_metadata(Some(t), TIMEOUT)
             .map_err(fail(format!("fetch metadata of dead-letter topic {t}")))?;
+        // A topic the reader's cluster does not know holds nothing it can
+        // skip: said as unbounded (partition -1), so a delivery warns.
         let Some(mt) = md.topics().iter().find(|x| x.name() == t) else {
+            found.unbounded.push((t.clone(), -1));
             continue;
         };
         match mt.error().map(RDKafkaErrorCode::from) {
             None => {}
-            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => continue,
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => {
+                found.unbounded.push((t.clone(), -1));
+                continue;
+            }
             Some(e) => {
                 return Err(Error::Other(format!(
                     "kafka: dead-letter topic {t}: metadata error {e}"
