@@ -27,8 +27,8 @@ use crate::schema::{
     REJECTS_TABLE, SRC_PARTITION,
 };
 use crate::store::Store;
-use crate::types::{now_ms, PartitionOffsets};
 pub use crate::types::OffsetRange;
+use crate::types::{now_ms, PartitionOffsets};
 
 const HEAD_ID: &str = "graph_head:main";
 const SCHEMA_ID: &str = "graph_schema";

@@ -655,7 +655,9 @@ impl Metrics {
     /// crash): not produced again.
     pub fn dead_letters_skipped(&self, n: usize) {
         if n > 0 {
-            let c = self.dead_letters.get_or_create(&ResultLabels { result: "skipped" });
+            let c = self
+                .dead_letters
+                .get_or_create(&ResultLabels { result: "skipped" });
             c.inc_by(n as u64);
             self.dead_letters_pending.dec_by(n as i64);
         }

@@ -508,7 +508,9 @@ async fn one_email_two_shards() -> OneEmailTwoShards {
     let cfg = tg.config();
     let g = local_graph(&tg).await;
     let policies = Policies::from_config(&cfg);
-    let pool = ShardPool::open(&g, &cfg.wal, &g.wal_tables()).await.unwrap();
+    let pool = ShardPool::open(&g, &cfg.wal, &g.wal_tables())
+        .await
+        .unwrap();
     let mut decoder = RecordDecoder::new(g.schema(), &cfg.mappings[0], 16, 1 << 20).unwrap();
     let topic = tg.topics[0].clone();
     let mut rows: Vec<(u32, String)> = vec![];
@@ -584,12 +586,19 @@ impl OneEmailTwoShards {
             .expect("the second row is folded again");
         assert_eq!(next.parent.as_deref(), Some(won.id.as_str()));
         let rows = self.tg.rows(PERSON).await;
-        assert_eq!(rows.keys().collect::<Vec<_>>(), vec![&self.rows[0].1], "the email's holder stays");
+        assert_eq!(
+            rows.keys().collect::<Vec<_>>(),
+            vec![&self.rows[0].1],
+            "the email's holder stays"
+        );
         let rejects = rejects_at_head(&self.tg).await;
         assert_eq!(rejects.len(), 1, "{rejects:?}");
         assert_eq!(rejects[0]["code"], json!("unique"));
         assert!(
-            rejects[0]["row"].as_str().unwrap().contains(&format!("\"{}\"", self.rows[1].1)),
+            rejects[0]["row"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("\"{}\"", self.rows[1].1)),
             "{}",
             rejects[0]["row"]
         );
@@ -609,9 +618,15 @@ async fn two_folders_at_once_catch_a_unique_conflict_on_rebase() {
     let t = one_email_two_shards().await;
     let head = t.g.head().await.unwrap();
     let (s0, s1) = (t.shard(0), t.shard(1));
-    let first = t.plan_on(&head, [(s0, t.cuts[0][&s0])].into(), "first").await;
-    let second = t.plan_on(&head, [(s1, t.cuts[1][&s1])].into(), "second").await;
-    let won = execute(&t.g, &t.policies, &first).await.expect("the first folder publishes");
+    let first = t
+        .plan_on(&head, [(s0, t.cuts[0][&s0])].into(), "first")
+        .await;
+    let second = t
+        .plan_on(&head, [(s1, t.cuts[1][&s1])].into(), "second")
+        .await;
+    let won = execute(&t.g, &t.policies, &first)
+        .await
+        .expect("the first folder publishes");
     assert!(won.rejects.is_empty());
     let err = execute(&t.g, &t.policies, &second)
         .await
@@ -622,7 +637,11 @@ async fn two_folders_at_once_catch_a_unique_conflict_on_rebase() {
     );
     assert_eq!(t.g.head().await.unwrap().id, won.commit.id);
     let rows = t.tg.rows(PERSON).await;
-    assert_eq!(rows.keys().collect::<Vec<_>>(), vec![&t.rows[0].1], "only the winner is published");
+    assert_eq!(
+        rows.keys().collect::<Vec<_>>(),
+        vec![&t.rows[0].1],
+        "only the winner is published"
+    );
     t.next_folder_rejects_the_second(&won.commit).await;
 }
 
@@ -641,7 +660,9 @@ async fn two_folders_at_once_overlap_and_the_second_refolds_on_the_first() {
     let head = t.g.head().await.unwrap();
     let first = t.plan_on(&head, t.cuts[0].clone(), "first").await;
     let second = t.plan_on(&head, t.cuts[1].clone(), "second").await;
-    let won = execute(&t.g, &t.policies, &first).await.expect("the first folder publishes");
+    let won = execute(&t.g, &t.policies, &first)
+        .await
+        .expect("the first folder publishes");
     let err = execute(&t.g, &t.policies, &second)
         .await
         .expect_err("Lance refuses the second's Person write");

@@ -379,7 +379,10 @@ async fn crash_around_the_dead_letter_produce(backend: Backend, failpoint: &str,
         String::from_utf8_lossy(&out.stderr)
     );
     let dlq = read_topic(&tg.dlq, 2, Duration::from_secs(10));
-    let ids: Vec<_> = dlq.iter().map(|m| m.header("graphsink.reject_id")).collect();
+    let ids: Vec<_> = dlq
+        .iter()
+        .map(|m| m.header("graphsink.reject_id"))
+        .collect();
     assert_eq!(dlq.len(), 1, "on the topic once: {ids:?}");
     assert_eq!(dlq[0].header("graphsink.reject_id"), Some(id));
     assert_eq!(dlq[0].header("graphsink.stage").as_deref(), Some("fold"));

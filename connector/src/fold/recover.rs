@@ -158,12 +158,10 @@ async fn unpublished_plan(graph: &Graph) -> Result<Option<FoldPlan>> {
             let p: FoldPlan = serde_json::from_str(&j)
                 .map_err(|e| Error::Corrupt(format!("{table}@{v}: unreadable fold plan: {e}")))?;
             match &here {
-                Some(f) if f.commit_id != p.commit_id => {
-                    return Err(Error::Corrupt(format!(
-                        "{table}@{v} belongs to unpublished fold {} while fold {} is also unpublished",
-                        p.commit_id, f.commit_id
-                    )))
-                }
+                Some(f) if f.commit_id != p.commit_id => return Err(Error::Corrupt(format!(
+                    "{table}@{v} belongs to unpublished fold {} while fold {} is also unpublished",
+                    p.commit_id, f.commit_id
+                ))),
                 _ => here = Some(p),
             }
         }

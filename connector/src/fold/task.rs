@@ -196,7 +196,11 @@ impl FoldLoop {
             failpoints::hit(failpoints::FOLD_BEFORE_DEAD_LETTERS)?;
             if !rejects.is_empty() {
                 self.dead_letters
-                    .deliver(&rejects, Some(&commit.dead_letter_since), &self.stop_delivery)
+                    .deliver(
+                        &rejects,
+                        Some(&commit.dead_letter_since),
+                        &self.stop_delivery,
+                    )
                     .await?;
                 failpoints::hit(failpoints::FOLD_BEFORE_DELIVERED_MARK)?;
                 self.graph.set_dead_letters_delivered(commit.seq).await?;

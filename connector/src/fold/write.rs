@@ -428,7 +428,11 @@ async fn commit_staged(
 /// (its passes, including those of an attempt that crashed).
 /// The transaction properties of version `v` of `ds`, when that commit is
 /// a pass of plan `commit_id`.
-pub(crate) async fn pass_of(ds: &Dataset, v: u64, commit_id: &str) -> Result<Option<HashMap<String, String>>> {
+pub(crate) async fn pass_of(
+    ds: &Dataset,
+    v: u64,
+    commit_id: &str,
+) -> Result<Option<HashMap<String, String>>> {
     let txn = ds.read_transaction_by_version(v).await.ctx(ds.uri())?;
     let props = txn.and_then(|t| t.transaction_properties);
     Ok(props.map(|p| (*p).clone()).filter(|p| {

@@ -149,7 +149,8 @@ impl DeadLetters {
         dl.create_topics().await;
         // Best effort: the first fold's lower bound (`seen`). Without it
         // the first commits' fold rejects are delivered at least once.
-        match tokio::time::timeout(Duration::from_secs(10), dl.reader.read(dl.topics(), None)).await {
+        match tokio::time::timeout(Duration::from_secs(10), dl.reader.read(dl.topics(), None)).await
+        {
             Ok(Ok(found)) => dl.saw(&found.ends),
             Ok(Err(e)) => tracing::debug!(error = %e, "dead-letter ends unknown at start"),
             Err(_) => tracing::debug!("dead-letter ends unknown at start (timed out)"),
@@ -251,7 +252,10 @@ impl DeadLetters {
             let (failed, attempted) = match skipped {
                 Err(e) => {
                     let error = format!("cannot read what the topic holds: {e}");
-                    let failed = todo.iter().map(|&reject| Failed { reject, error: error.clone() });
+                    let failed = todo.iter().map(|&reject| Failed {
+                        reject,
+                        error: error.clone(),
+                    });
                     (failed.collect(), false)
                 }
                 Ok(skipped) => {
@@ -314,7 +318,11 @@ impl DeadLetters {
     /// With `held`: drops from `todo` the rejects the topics already hold
     /// (produced by a folder that crashed before its delivery mark, or by
     /// an earlier round). Returns how many.
-    async fn skip_delivered(&self, todo: &mut Vec<&Reject>, held: Option<&mut Held>) -> Result<usize> {
+    async fn skip_delivered(
+        &self,
+        todo: &mut Vec<&Reject>,
+        held: Option<&mut Held>,
+    ) -> Result<usize> {
         let Some(held) = held else { return Ok(0) };
         let mut topics: Vec<String> = todo.iter().map(|r| self.topic_for(r).to_string()).collect();
         topics.sort();
@@ -330,7 +338,11 @@ impl DeadLetters {
         todo.retain(|r| !held.ids.contains(&r.reject_id));
         let skipped = before - todo.len();
         if skipped > 0 {
-            tracing::info!(skipped, of = before, "fold rejects already on the dead-letter topic; not produced again");
+            tracing::info!(
+                skipped,
+                of = before,
+                "fold rejects already on the dead-letter topic; not produced again"
+            );
         }
         Ok(skipped)
     }

@@ -129,7 +129,11 @@ fn read_blocking(
             let (low, high) = c
                 .fetch_watermarks(t, p.id(), TIMEOUT)
                 .map_err(fail(format!("fetch watermarks of {t}/{}", p.id())))?;
-            found.ends.entry(t.clone()).or_default().insert(p.id(), high);
+            found
+                .ends
+                .entry(t.clone())
+                .or_default()
+                .insert(p.id(), high);
             let Some(since) = since else { continue };
             let Some(&bound) = since.get(t).and_then(|m| m.get(&p.id())) else {
                 found.unbounded.push((t.clone(), p.id()));
@@ -204,7 +208,12 @@ fn read_blocking(
                     todo.remove(&tp);
                 }
                 // Past the reported end: the true end is further.
-                let end = found.ends.entry(tp.0.clone()).or_default().entry(tp.1).or_insert(0);
+                let end = found
+                    .ends
+                    .entry(tp.0.clone())
+                    .or_default()
+                    .entry(tp.1)
+                    .or_insert(0);
                 *end = (*end).max(m.offset() + 1);
             }
             // At a partition's end, or idle: positions tell which are done
