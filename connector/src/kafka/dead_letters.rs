@@ -147,14 +147,16 @@ impl DeadLetters {
             seen: Arc::default(),
         };
         dl.create_topics().await;
-        // Best effort: the first fold's lower bound (`seen`). Without it
-        // the first commits' fold rejects are delivered at least once.
-        match tokio::time::timeout(Duration::from_secs(10), dl.reader.read(dl.topics(), None)).await
-        {
-            Ok(Ok(found)) => dl.saw(&found.ends),
-            Ok(Err(e)) => tracing::debug!(error = %e, "dead-letter ends unknown at start"),
-            Err(_) => tracing::debug!("dead-letter ends unknown at start (timed out)"),
-        }
+        // Best effort, in the background (a dead-letter cluster that is down
+        // must not hold the start): the first fold's lower bound (`seen`).
+        // Without it the first commits' fold rejects go out at least once.
+        let bg = dl.clone();
+        tokio::spawn(async move {
+            match bg.reader.read(bg.topics(), None).await {
+                Ok(found) => bg.saw(&found.ends),
+                Err(e) => tracing::debug!(error = %e, "dead-letter ends unknown at start"),
+            }
+        });
         Ok(dl)
     }
 
