@@ -157,24 +157,23 @@ async fn unpublished_plan(graph: &Graph) -> Result<Option<FoldPlan>> {
             };
             let p: FoldPlan = serde_json::from_str(&j)
                 .map_err(|e| Error::Corrupt(format!("{table}@{v}: unreadable fold plan: {e}")))?;
-            match &here {
-                Some(f) if f.commit_id != p.commit_id => return Err(Error::Corrupt(format!(
-                    "{table}@{v} belongs to unpublished fold {} while fold {} is also unpublished",
-                    p.commit_id, f.commit_id
-                ))),
-                _ => here = Some(p),
-            }
+            only_one(&mut here, p, &format!("{table}@{v}"))?;
         }
-        match (&found, here) {
-            (Some(f), Some(p)) if f.commit_id != p.commit_id => {
-                return Err(Error::Corrupt(format!(
-                    "{table} belongs to unpublished fold {} while fold {} is also unpublished",
-                    p.commit_id, f.commit_id
-                )))
-            }
-            (_, Some(p)) => found = Some(p),
-            (_, None) => {}
+        if let Some(p) = here {
+            only_one(&mut found, p, table)?;
         }
     }
     Ok(found)
+}
+
+/// Keeps `p` as the one unpublished plan, refusing a second one.
+fn only_one(held: &mut Option<FoldPlan>, p: FoldPlan, at: &str) -> Result<()> {
+    if let Some(f) = held.as_ref().filter(|f| f.commit_id != p.commit_id) {
+        return Err(Error::Corrupt(format!(
+            "{at} belongs to unpublished fold {} while fold {} is also unpublished",
+            p.commit_id, f.commit_id
+        )));
+    }
+    *held = Some(p);
+    Ok(())
 }

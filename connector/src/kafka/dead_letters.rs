@@ -174,6 +174,17 @@ impl DeadLetters {
         raise_offsets(&mut seen, offsets);
     }
 
+    /// One acknowledged produce: the next one lands past it.
+    fn saw_one(&self, topic: &str, partition: i32, next: i64) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let o = seen
+            .entry(topic.to_string())
+            .or_default()
+            .entry(partition)
+            .or_insert(next);
+        *o = (*o).max(next);
+    }
+
     /// Dead-letter offsets every later produce lands at or past: what a
     /// fold plan records (`GraphCommit::dead_letter_since`).
     pub(crate) fn seen(&self) -> PartitionOffsets {
@@ -372,10 +383,7 @@ impl DeadLetters {
             .send(rec, QUEUE_TIMEOUT)
             .await
             .map_err(|(e, _)| e.to_string())?;
-        self.saw(&PartitionOffsets::from([(
-            topic.to_string(),
-            [(delivered.partition, delivered.offset + 1)].into(),
-        )]));
+        self.saw_one(topic, delivered.partition, delivered.offset + 1);
         Ok(())
     }
 }
