@@ -762,6 +762,7 @@ impl Config {
                      are its topics' partitions",
                 ));
             }
+            self.validate_copartitioned_assignor()?;
         }
         if self.wal.flush_interval.is_zero() {
             return Err(Error::config("wal.flush_interval must be positive"));
@@ -775,6 +776,36 @@ impl Config {
             return Err(Error::config("offsets.commit_interval must be positive"));
         }
         Ok(())
+    }
+
+    /// Under partition sharding, shard (type, p) needs partition p of every
+    /// topic feeding the type on one member. Of librdkafka's assignors only
+    /// `range` keeps them together (docs/scale-out.md, "Several topics on
+    /// one type"); `cooperative-sticky` and `roundrobin` would split them,
+    /// and two members would claim one shard and fence each other in turn.
+    fn validate_copartitioned_assignor(&self) -> Result<()> {
+        let Some(strategy) = self.kafka.get("partition.assignment.strategy") else {
+            return Ok(()); // graphsink sets `range` under partition sharding
+        };
+        let Some((a, b)) = self.mappings.iter().enumerate().find_map(|(i, a)| {
+            self.mappings[..i]
+                .iter()
+                .find(|b| b.type_name() == a.type_name() && b.topic != a.topic)
+                .map(|b| (b, a))
+        }) else {
+            return Ok(());
+        };
+        if strategy.trim() == "range" {
+            return Ok(());
+        }
+        Err(Error::config(format!(
+            "kafka.\"partition.assignment.strategy\" = \"{strategy}\": topics {} and {} both feed \
+             {}, and under wal.sharding = \"partition\" partition p of both must go to one member; \
+             only \"range\" (graphsink's default here) assigns them so",
+            a.topic,
+            b.topic,
+            a.type_name()
+        )))
     }
 
     /// Bucket counts and fold-time policies belong to the type (one table,
@@ -1311,5 +1342,38 @@ node = "Person"
             e.to_string().contains("feed Person with different buckets"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn co_partitioned_topics_refuse_an_assignor_that_splits_them() {
+        let cfg = |strategy: &str, second: &str, sharding: &str| {
+            format!(
+                "[graph]\nroot = \"g\"\nschema = \"social.pg\"\n[kafka]\n\"bootstrap.servers\" = \"b\"\n\
+                 \"group.id\" = \"g\"\n{strategy}\n[wal]\nsharding = \"{sharding}\"\n\
+                 [[mapping]]\ntopic = \"people\"\nnode = \"Person\"\n\
+                 [[mapping]]\ntopic = \"people2\"\nnode = \"{second}\"\n"
+            )
+        };
+        let sticky = "\"partition.assignment.strategy\" = \"cooperative-sticky\"";
+        let e = Config::from_toml(&cfg(sticky, "Person", "partition"), Path::new("/")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("people and people2 both feed Person")
+                && e.to_string().contains("only \"range\""),
+            "{e}"
+        );
+        let rr = "\"partition.assignment.strategy\" = \"roundrobin\"";
+        assert!(Config::from_toml(&cfg(rr, "Person", "partition"), Path::new("/")).is_err());
+        // `range` (set or by default), one topic per type, or bucket
+        // sharding: nothing to keep together.
+        let range = "\"partition.assignment.strategy\" = \"range\"";
+        for ok in [
+            cfg(range, "Person", "partition"),
+            cfg("", "Person", "partition"),
+            cfg(sticky, "Company", "partition"),
+            cfg(sticky, "Person", "bucket"),
+        ] {
+            Config::from_toml(&ok, Path::new("/")).unwrap();
+        }
     }
 }

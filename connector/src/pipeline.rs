@@ -552,6 +552,32 @@ impl FoldRole {
             tx: watch::channel(fold::Part::default()).0,
         }
     }
+
+    /// The first partition `held` holds without partition p of another
+    /// topic feeding the same table, as a config error: claiming its shard
+    /// would fence the member holding the other. `range` with the same
+    /// mappings on every member never does this (`validate_copartitioned_assignor`);
+    /// a member mapping fewer topics than another does.
+    fn split_shard(&self, held: &BTreeSet<TopicPartition>) -> Option<Error> {
+        for (topic, p) in held {
+            for table in self.feeds.get(topic).into_iter().flatten() {
+                let missing = self
+                    .feeds
+                    .iter()
+                    .filter(|(t, tables)| *t != topic && tables.contains(table))
+                    .find(|(t, _)| !held.contains(&((*t).clone(), *p)));
+                if let Some((other, _)) = missing {
+                    return Some(Error::config(format!(
+                        "the group assigned partition {p} of {topic} to this member and partition \
+                         {p} of {other} elsewhere; both feed {table}, whose shard {p} has one \
+                         writer, so this member stops rather than fence the other. Every member \
+                         must map the same topics, with partition.assignment.strategy = \"range\""
+                    )));
+                }
+            }
+        }
+        None
+    }
 }
 
 /// The reject-rate breaker: rejects counted per minute; past the limit,
@@ -891,6 +917,10 @@ impl RunLoop<'_> {
                 tracing::info!(event = "assigned", count = tps.len(), partitions = %names(&tps), "assigned");
                 self.metrics.assigned(&tps);
                 if let Some(role) = &self.role {
+                    let held = self.assigned.iter().chain(&tps).cloned().collect();
+                    if let Some(e) = role.split_shard(&held) {
+                        return Err(e);
+                    }
                     let shards = self.pool.shards_of(&tps, &role.feeds);
                     let started = std::time::Instant::now();
                     self.pool.claim(&shards).await?;
@@ -1121,6 +1151,41 @@ impl RunLoop<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_split_over_members_is_a_config_error_naming_both_topics() {
+        let feeds = BTreeMap::from([
+            ("a".to_string(), vec!["nodes/P".to_string()]),
+            ("b".to_string(), vec!["nodes/P".to_string()]),
+            ("c".to_string(), vec!["nodes/Q".to_string()]),
+        ]);
+        let role = FoldRole {
+            feeds,
+            fold_partition: ("a".into(), 0),
+            partitions: 6,
+            tx: watch::channel(fold::Part::default()).0,
+        };
+        let held = |tps: &[(&str, i32)]| -> BTreeSet<TopicPartition> {
+            tps.iter().map(|(t, p)| (t.to_string(), *p)).collect()
+        };
+        // What `range` gives: p of a and b together; c alone is its own.
+        assert!(role
+            .split_shard(&held(&[("a", 1), ("b", 1), ("c", 0)]))
+            .is_none());
+        assert!(role.split_shard(&held(&[])).is_none());
+        let e = role
+            .split_shard(&held(&[("a", 0), ("a", 1), ("b", 1)]))
+            .expect("a0 without b0");
+        assert_eq!(e.kind(), ErrorKind::BadConfig);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("partition 0 of a")
+                && msg.contains("partition 0 of b")
+                && msg.contains("nodes/P"),
+            "{msg}"
+        );
+        assert!(role.split_shard(&held(&[("b", 2)])).is_some());
+    }
 
     fn fold_task(
         handle: tokio::task::JoinHandle<Result<()>>,

@@ -8,6 +8,23 @@ use serde_json::json;
 
 use crate::harness::*;
 
+/// One `graphsink run` member in this process: its task and its stop.
+fn start_member(
+    config: graphsink::Config,
+    stats: std::sync::Arc<graphsink::RunStats>,
+) -> (
+    tokio::task::JoinHandle<graphsink::Result<graphsink::RunSummary>>,
+    tokio_util::sync::CancellationToken,
+) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let options = graphsink::RunOptions {
+        stats: Some(stats),
+        ..Default::default()
+    };
+    let task = tokio::spawn(graphsink::run_with(config, options, stop.clone()));
+    (task, stop)
+}
+
 /// Rows go to the shard of their source partition; a Kafka key naming
 /// another id is refused at decode, an id arriving on two partitions in one
 /// fold at the fold (the lowest partition's row stays), each once in both
@@ -208,15 +225,7 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
             })
             .collect()
     };
-    let member = |stats: Arc<graphsink::RunStats>| {
-        let stop = tokio_util::sync::CancellationToken::new();
-        let options = graphsink::RunOptions {
-            stats: Some(stats),
-            ..Default::default()
-        };
-        let task = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));
-        (task, stop)
-    };
+    let member = |stats: Arc<graphsink::RunStats>| start_member(tg.config(), stats);
     let all_committed = |topic: &str| {
         let ends = end_offsets(topic, 4);
         committed(&tg.group, topic, 4) == ends
@@ -293,4 +302,122 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
     a.await.unwrap().expect("the first member ends cleanly");
     b.await.unwrap().expect("the second member ends cleanly");
     assert!(rejects_at_head(&tg).await.is_empty());
+}
+
+/// Two topics feed one type: shard p of `Person` needs partition p of both
+/// on one member. With graphsink's `range` the group keeps them together,
+/// so two members split the shards without fencing each other and every
+/// row of both topics lands. A member mapping only one of the topics makes
+/// the group split a shard: the member that would fence stops with a
+/// config error naming both topics, before claiming anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    crate::init_logs();
+    let tg = TestGraph::new(
+        &["node = \"Person\"", "node = \"Person\""],
+        "[wal]\nsharding = \"partition\"\n[fold]\ninterval = \"1s\"\n[offsets]\ncommit_interval = \"200ms\"",
+    );
+    let (ta, tb) = (tg.topics[0].clone(), tg.topics[1].clone());
+    create_topic(&ta, 4).await;
+    create_topic(&tb, 4).await;
+    // Disjoint ids per topic, each on partition i mod 4 of its topic.
+    let batch = |prefix: &str, round: i32| -> Vec<Rec> {
+        (0..20)
+            .map(|i| {
+                let n = format!("{prefix}{i}");
+                rec(i % 4, Some(&n), Some(json!({"name": n, "age": round})))
+            })
+            .collect()
+    };
+    let all_committed = || {
+        [&ta, &tb]
+            .iter()
+            .all(|t| committed(&tg.group, t, 4) == end_offsets(t, 4))
+    };
+
+    let a_stats = Arc::new(graphsink::RunStats::default());
+    let (a, a_stop) = start_member(tg.config(), a_stats.clone());
+    produce(&ta, &batch("a", 1)).await;
+    produce(&tb, &batch("b", 1)).await;
+    wait_until(
+        "the first member committed round 1",
+        Duration::from_secs(60),
+        all_committed,
+    )
+    .await;
+
+    let b_stats = Arc::new(graphsink::RunStats::default());
+    let (b, b_stop) = start_member(tg.config(), b_stats.clone());
+    let mut round = 2;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while b_stats.consumed.load(Ordering::Relaxed) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second member never got records"
+        );
+        produce(&ta, &batch("a", round)).await;
+        produce(&tb, &batch("b", round)).await;
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let last = round - 1;
+    wait_until(
+        "both members committed both topics",
+        Duration::from_secs(60),
+        all_committed,
+    )
+    .await;
+    wait_until(
+        "the graph holds the last round of both topics",
+        Duration::from_secs(60),
+        || {
+            let rows = futures::executor::block_on(tg.rows("nodes/Person"));
+            rows.len() == 40 && rows.values().all(|r| r["age"] == json!(last))
+        },
+    )
+    .await;
+    // Had a member held p of one topic and another p of the other, both
+    // would have claimed shard p and fenced each other: a restart, an
+    // epoch past 2, or now the split error.
+    assert!(!a.is_finished() && !b.is_finished(), "a member stopped");
+    assert_eq!(a_stats.restarts.load(Ordering::Relaxed), 0);
+    assert_eq!(b_stats.restarts.load(Ordering::Relaxed), 0);
+    let status = graphsink::graph_status(&tg.config()).await.unwrap();
+    let epochs: Vec<u64> = status
+        .shards
+        .iter()
+        .filter(|s| s.table == "nodes/Person")
+        .map(|s| s.writer_epoch)
+        .collect();
+    assert_eq!(epochs.len(), 4);
+    assert!(epochs.iter().all(|&e| e == 1 || e == 2), "{epochs:?}");
+    b_stop.cancel();
+    b.await.unwrap().expect("the second member ends cleanly");
+
+    // A third member maps only the first topic: `range` gives it part of
+    // that topic and none of the other, so the first member would hold p
+    // of the second topic without p of the first.
+    let cfg = std::fs::read_to_string(tg.config_path()).unwrap();
+    let second = format!("[[mapping]]\ntopic = \"{tb}\"");
+    let cut = cfg.find(&second).expect("the second mapping");
+    let narrow = tg.dir.path().join("narrow.toml");
+    std::fs::write(&narrow, &cfg[..cut]).unwrap();
+    let c_stats = Arc::new(graphsink::RunStats::default());
+    let (c, c_stop) = start_member(graphsink::Config::load(&narrow).unwrap(), c_stats);
+    let ended = tokio::time::timeout(Duration::from_secs(60), a)
+        .await
+        .expect("the first member stops on the split")
+        .unwrap();
+    let e = ended.expect_err("a config error");
+    assert_eq!(e.kind(), graphsink::ErrorKind::BadConfig, "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&ta) && msg.contains(&tb) && msg.contains("nodes/Person"),
+        "{msg}"
+    );
+    a_stop.cancel();
+    c_stop.cancel();
+    c.await.unwrap().expect("the narrow member ends cleanly");
 }
