@@ -414,7 +414,12 @@ impl Stage {
             );
         }
         let cfg = self.config.display().to_string();
-        let mut fold = Process::spawn(&env.graphsink, &["fold", "--config", &cfg], &[], &self.log)?;
+        let mut fold = Process::spawn(
+            &env.graphsink,
+            &["fold", "--force", "--config", &cfg],
+            &[],
+            &self.log,
+        )?;
         match fold.wait_for(Duration::from_secs(300)).await {
             Some(Exit { code: Some(0), .. }) => {}
             other => {

@@ -118,10 +118,19 @@ fn people(n: usize, from: usize) -> Vec<Rec> {
         .collect()
 }
 
-/// `graphsink fold` claims every shard: a connector running on the graph
-/// is fenced at its next write, which `then` (if any) makes.
+/// `graphsink fold` refuses while the group has a member; with `--force` it
+/// claims every shard: a connector running on the graph is fenced at its
+/// next write, which `then` (if any) makes.
 async fn fence_by_offline_fold(tg: &TestGraph, topic: &str, then: &[Rec]) {
     let out = tg.cli(&["fold"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("consumer group {} has 1 member(s)", tg.group))
+            && err.contains("--force"),
+        "{err}"
+    );
+    let out = tg.cli(&["fold", "--force"], &[]);
     assert!(
         out.status.success(),
         "{}",

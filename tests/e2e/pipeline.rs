@@ -330,8 +330,8 @@ async fn a_fenced_connector_stops_and_acks_nothing_more(backend: Backend) {
     })
     .await;
 
-    // `graphsink fold` claims every shard under a new epoch.
-    let out = tg.cli(&["fold"], &[]);
+    // `graphsink fold --force` claims every shard under a new epoch.
+    let out = tg.cli(&["fold", "--force"], &[]);
     assert!(
         out.status.success(),
         "{}",

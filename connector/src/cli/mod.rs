@@ -54,10 +54,14 @@ enum Command {
         http: Option<SocketAddr>,
     },
     /// Fold everything durable into a graph commit and exit. Claims every
-    /// shard: a running connector on the same graph is fenced and stops.
+    /// shard, so it refuses while the consumer group has members.
     Fold {
         #[arg(long)]
         config: PathBuf,
+        /// Fold even while the group has members: their writers are fenced
+        /// (a connector in bucket mode stops; partition-mode members rejoin).
+        #[arg(long)]
+        force: bool,
     },
     /// Graph commits, newest first.
     Log {
@@ -205,7 +209,7 @@ impl Command {
         match self {
             Command::Check { config }
             | Command::Run { config, .. }
-            | Command::Fold { config }
+            | Command::Fold { config, .. }
             | Command::Log { config, .. }
             | Command::Show { config, .. }
             | Command::Status { config, .. }
@@ -228,8 +232,12 @@ async fn dispatch(cmd: Command) -> Result<()> {
             exit_at_end,
             http,
         } => run::run(&config, exit_at_end, http).await,
-        Command::Fold { config } => {
-            print::folded(query::fold_offline(&Config::load(&config)?).await?.as_ref());
+        Command::Fold { config, force } => {
+            let config = Config::load(&config)?;
+            if !force {
+                query::refuse_if_members(&config).await?;
+            }
+            print::folded(query::fold_offline(&config).await?.as_ref());
             Ok(())
         }
         Command::Log { config, limit } => {

@@ -1,5 +1,6 @@
 //! The offline fold (`graphsink fold`): one fold outside a running
-//! connector. It fences a running connector's writers.
+//! connector. It fences a running connector's writers; the CLI refuses
+//! while the consumer group has members unless `--force`.
 
 use super::{execute, plan, Policies};
 use crate::error::Result;

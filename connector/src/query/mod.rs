@@ -8,7 +8,7 @@ pub(crate) mod rejects;
 pub(crate) mod status;
 
 use crate::config::Config;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::graph::{self, Graph, GraphCommit};
 use crate::retention;
 pub use crate::retention::{GcReport, TableGc};
@@ -33,6 +33,43 @@ pub fn check(config: &Config) -> Result<CheckSummary> {
         types: schema.types.len(),
         root: config.root_uri(),
     })
+}
+
+/// Refuses an offline fold while the config's consumer group has members:
+/// the fold claims every shard, which fences their writers. A broker that
+/// cannot be asked is a WARN, not a refusal: the offline fold is also the
+/// tool for when Kafka is down.
+pub async fn refuse_if_members(config: &Config) -> Result<()> {
+    let members = match crate::kafka::OffsetQueries::connect(config) {
+        Ok(q) => q.members().await,
+        Err(e) => Err(e),
+    };
+    match members {
+        Ok(g) if !g.members.is_empty() => {
+            let names: Vec<String> = g
+                .members
+                .iter()
+                .map(|m| format!("{} on {}", m.client_id, m.host))
+                .collect();
+            Err(Error::config(format!(
+                "consumer group {} has {} member(s) ({}): graphsink fold claims every shard and \
+                 would fence their writers. Stop them first (a member that died leaves the group \
+                 after session.timeout.ms), or pass --force",
+                config
+                    .kafka
+                    .get("group.id")
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+                g.members.len(),
+                names.join(", ")
+            )))
+        }
+        Ok(_) => Ok(()),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the consumer group's members; folding anyway (a running member's writers would be fenced)");
+            Ok(())
+        }
+    }
 }
 
 /// Folds everything durable into one graph commit, offline; `None` when
