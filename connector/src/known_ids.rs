@@ -14,20 +14,66 @@
 //! needs two ids to collide on 128 bits: about 1e-27 per fold at 10M nodes
 //! and 40k endpoints. `fold.known_ids_max` bounds the ids held in total;
 //! a table past it is scanned every fold instead (docs/fold-size.md).
+//!
+//! Under partition sharding each id also keeps its row's source partition
+//! (its "home", ~40–70 bytes per id), so a fold can refuse a row that
+//! arrives on another partition than its committed row came from
+//! (`shard_conflict`) without a scan.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
+type Hasher = foldhash::fast::RandomState;
+
 /// The ids of one node table at one version.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct IdSet {
-    set: HashSet<u128, foldhash::fast::RandomState>,
+#[derive(Debug, Clone)]
+pub(crate) enum IdSet {
+    /// Bucket sharding: membership only.
+    Plain(HashSet<u128, Hasher>),
+    /// Partition sharding: each id's source partition.
+    Homed(HashMap<u128, u32, Hasher>),
 }
 
 impl IdSet {
     pub fn len(&self) -> usize {
-        self.set.len()
+        match self {
+            IdSet::Plain(s) => s.len(),
+            IdSet::Homed(m) => m.len(),
+        }
+    }
+
+    pub fn is_homed(&self) -> bool {
+        matches!(self, IdSet::Homed(_))
+    }
+
+    fn has(&self, d: u128) -> bool {
+        match self {
+            IdSet::Plain(s) => s.contains(&d),
+            IdSet::Homed(m) => m.contains_key(&d),
+        }
+    }
+
+    fn put(&mut self, d: u128, home: Option<u32>) {
+        match self {
+            IdSet::Plain(s) => {
+                s.insert(d);
+            }
+            IdSet::Homed(m) => {
+                m.insert(d, home.unwrap_or_default());
+            }
+        }
+    }
+
+    fn take(&mut self, d: u128) {
+        match self {
+            IdSet::Plain(s) => {
+                s.remove(&d);
+            }
+            IdSet::Homed(m) => {
+                m.remove(&d);
+            }
+        }
     }
 }
 
@@ -71,25 +117,40 @@ impl KnownIds {
     }
 
     pub fn contains(&self, set: &IdSet, id: &str) -> bool {
-        set.set.contains(&self.digest(id))
+        set.has(self.digest(id))
     }
 
-    /// A set being filled by a scan of `table` that holds `rows` rows;
-    /// `None` when keeping it would pass `known_ids_max`.
-    pub fn filling(&self, table: &str, rows: usize) -> Option<IdSet> {
+    /// The partition `id`'s row came from, if `set` keeps homes and has it.
+    pub fn home(&self, set: &IdSet, id: &str) -> Option<u32> {
+        match set {
+            IdSet::Homed(m) => m.get(&self.digest(id)).copied(),
+            IdSet::Plain(_) => None,
+        }
+    }
+
+    /// A set being filled by a scan of `table` that holds `rows` rows,
+    /// keeping each id's partition when `homed`; `None` when keeping it
+    /// would pass `known_ids_max`.
+    pub fn filling(&self, table: &str, rows: usize, homed: bool) -> Option<IdSet> {
         let held: usize = self
             .lock()
             .iter()
             .filter(|(t, _)| t.as_str() != table)
             .map(|(_, (_, s))| s.len())
             .sum();
-        (held + rows <= self.max).then(|| IdSet {
-            set: HashSet::with_capacity_and_hasher(rows, Default::default()),
+        (held + rows <= self.max).then(|| {
+            let hasher = Hasher::default();
+            if homed {
+                IdSet::Homed(HashMap::with_capacity_and_hasher(rows, hasher))
+            } else {
+                IdSet::Plain(HashSet::with_capacity_and_hasher(rows, hasher))
+            }
         })
     }
 
-    pub fn add(&self, set: &mut IdSet, id: &str) {
-        set.set.insert(self.digest(id));
+    /// Adds `id` (with its partition, kept by a homed set).
+    pub fn add(&self, set: &mut IdSet, id: &str, home: Option<u32>) {
+        set.put(self.digest(id), home);
     }
 
     /// Files `set` as the ids of `table` at `version`.
@@ -98,14 +159,14 @@ impl KnownIds {
             .insert(table.to_string(), (version, Arc::new(set)));
     }
 
-    /// Moves `table`'s set from version `from` to `to` by ids added and
-    /// removed; forgets it when it is not at `from`.
+    /// Moves `table`'s set from version `from` to `to` by ids added (with
+    /// their partitions) and removed; forgets it when it is not at `from`.
     pub fn advance<'a>(
         &self,
         table: &str,
         from: u64,
         to: u64,
-        added: impl Iterator<Item = &'a str>,
+        added: impl Iterator<Item = (&'a str, Option<u32>)>,
         removed: impl Iterator<Item = &'a str>,
     ) {
         let Some((v, set)) = self.lock().remove(table) else {
@@ -116,10 +177,10 @@ impl KnownIds {
         }
         let mut set = Arc::unwrap_or_clone(set);
         for id in removed {
-            set.set.remove(&self.digest(id));
+            set.take(self.digest(id));
         }
-        for id in added {
-            set.set.insert(self.digest(id));
+        for (id, home) in added {
+            set.put(self.digest(id), home);
         }
         self.keep(table, to, set);
     }
@@ -142,33 +203,78 @@ mod tests {
     #[test]
     fn a_set_is_found_only_at_its_version_and_moves_forward_exactly() {
         let k = KnownIds::new(10);
-        let mut s = k.filling("nodes/A", 3).expect("under the bound");
+        let mut s = k.filling("nodes/A", 3, false).expect("under the bound");
         for id in ["a", "b", "c"] {
-            k.add(&mut s, id);
+            k.add(&mut s, id, None);
         }
         k.keep("nodes/A", 4, s);
         assert!(k.at("nodes/A", 3).is_none());
         let s = k.at("nodes/A", 4).expect("kept");
         assert!(k.contains(&s, "b") && !k.contains(&s, "d"));
-        k.advance("nodes/A", 4, 6, ["d"].into_iter(), ["b"].into_iter());
+        assert_eq!(k.home(&s, "b"), None, "a plain set keeps no partition");
+        k.advance(
+            "nodes/A",
+            4,
+            6,
+            [("d", None)].into_iter(),
+            ["b"].into_iter(),
+        );
         assert!(k.at("nodes/A", 4).is_none());
         let s = k.at("nodes/A", 6).expect("advanced");
         assert!(k.contains(&s, "d") && !k.contains(&s, "b") && k.contains(&s, "a"));
         // Not at the version the fold read: forgotten, not patched.
-        k.advance("nodes/A", 4, 9, ["e"].into_iter(), std::iter::empty());
+        k.advance(
+            "nodes/A",
+            4,
+            9,
+            [("e", None)].into_iter(),
+            std::iter::empty(),
+        );
         assert!(k.at("nodes/A", 6).is_none() && k.at("nodes/A", 9).is_none());
+    }
+
+    #[test]
+    fn a_homed_set_keeps_each_ids_partition_and_moves_it_forward() {
+        let k = KnownIds::new(10);
+        let mut s = k.filling("nodes/A", 2, true).expect("under the bound");
+        k.add(&mut s, "a", Some(1));
+        k.add(&mut s, "b", Some(3));
+        assert!(s.is_homed());
+        k.keep("nodes/A", 1, s);
+        let s = k.at("nodes/A", 1).unwrap();
+        assert_eq!(
+            (k.home(&s, "a"), k.home(&s, "b"), k.home(&s, "c")),
+            (Some(1), Some(3), None)
+        );
+        // A fold rewrote a from partition 1 and added c from 2; b deleted.
+        k.advance(
+            "nodes/A",
+            1,
+            2,
+            [("a", Some(1)), ("c", Some(2))].into_iter(),
+            ["b"].into_iter(),
+        );
+        let s = k.at("nodes/A", 2).unwrap();
+        assert_eq!(
+            (k.home(&s, "a"), k.home(&s, "b"), k.home(&s, "c")),
+            (Some(1), None, Some(2))
+        );
+        assert!(k.contains(&s, "c") && !k.contains(&s, "b"));
     }
 
     #[test]
     fn the_bound_counts_the_ids_of_every_other_table() {
         let k = KnownIds::new(5);
-        let mut s = k.filling("nodes/A", 3).expect("3 ≤ 5");
-        k.add(&mut s, "a");
-        k.add(&mut s, "b");
-        k.add(&mut s, "c");
+        let mut s = k.filling("nodes/A", 3, false).expect("3 ≤ 5");
+        k.add(&mut s, "a", None);
+        k.add(&mut s, "b", None);
+        k.add(&mut s, "c", None);
         k.keep("nodes/A", 1, s);
-        assert!(k.filling("nodes/B", 3).is_none(), "3 + 3 > 5");
-        assert!(k.filling("nodes/B", 2).is_some());
-        assert!(k.filling("nodes/A", 5).is_some(), "its own set is replaced");
+        assert!(k.filling("nodes/B", 3, false).is_none(), "3 + 3 > 5");
+        assert!(k.filling("nodes/B", 2, true).is_some());
+        assert!(
+            k.filling("nodes/A", 5, false).is_some(),
+            "its own set is replaced"
+        );
     }
 }

@@ -331,6 +331,23 @@ pub fn reset_group(group: &str, topic: &str, partitions: i32) {
     c.commit(&tpl, CommitMode::Sync).expect("reset offsets");
 }
 
+/// `wait_until` for a check that awaits (reads the graph). A sync check
+/// must not `block_on` a Lance read inside the test's runtime: once tokio's
+/// cooperative budget of the test task is spent, every tokio resource the
+/// nested read polls answers "pending, wake me" at once, and the read spins
+/// at 100 % CPU forever.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 pub async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !f() {

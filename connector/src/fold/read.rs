@@ -22,6 +22,8 @@ const TOMBSTONE: &str = "_tombstone";
 pub(crate) struct Read {
     pub upserts: Option<RecordBatch>,
     pub deletes: Vec<String>,
+    /// The shard (bucket, or source partition) each of `deletes` came from.
+    pub delete_shards: Vec<u32>,
     /// Ids read from more than one shard (under partition sharding, a
     /// producer that did not key by id): the lowest shard's newest row is
     /// in `upserts`/`deletes`, each other shard's newest is here, for the
@@ -80,6 +82,7 @@ async fn read_generations(graph: &Graph, tp: &TablePlan) -> Result<Read> {
         .iter()
         .map(|&(b, r)| str_at(&batches[b], pk, r))
         .collect::<Result<_>>()?;
+    let delete_shards = deleted.iter().map(|&(b, _)| buckets[b]).collect();
     let (second_deleted, second_upserted): (Vec<_>, Vec<_>) =
         seconds.into_iter().partition(|&(b, r)| is_tombstone(b, r));
     let mut conflicts = Conflicts {
@@ -96,6 +99,7 @@ async fn read_generations(graph: &Graph, tp: &TablePlan) -> Result<Read> {
         return Ok(Read {
             upserts: None,
             deletes,
+            delete_shards,
             conflicts,
         });
     }
@@ -104,6 +108,7 @@ async fn read_generations(graph: &Graph, tp: &TablePlan) -> Result<Read> {
     Ok(Read {
         upserts: Some(upserts),
         deletes,
+        delete_shards,
         conflicts,
     })
 }

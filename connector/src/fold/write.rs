@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow::compute::concat_batches;
 use arrow_schema::{DataType, Field, Schema};
 use lance::dataset::{
@@ -21,13 +21,13 @@ use serde::{Deserialize, Serialize};
 use super::checks::Change;
 use super::plan::{FoldPlan, TablePlan};
 use super::read::ReadSet;
-use super::rows::{id_set, pk_of};
+use super::rows::{pk_of, strings};
 use crate::error::{Context, Result};
 use crate::failpoints;
 use crate::graph::{Graph, TableStats};
 use crate::offsets::WrittenSpans;
 use crate::rejects::{self, Reject};
-use crate::schema::{Provenance, REJECTS_TABLE};
+use crate::schema::{Provenance, ID, REJECTS_TABLE};
 use crate::store::Store;
 use crate::types::OffsetRange;
 
@@ -123,24 +123,40 @@ pub(crate) fn node_id_changes(
         let (Some(c), Some(&base)) = (changes.get(&ty.table), plan.base.get(&ty.table)) else {
             continue;
         };
-        if graph.known_ids.at(&ty.table, base).is_none() {
+        let Some(kept) = graph.known_ids.at(&ty.table, base) else {
             continue;
-        }
+        };
         out.push(NodeIdChange {
             table: ty.table.clone(),
             base,
-            added: id_set(c.upserts.as_ref())?.into_iter().collect(),
+            added: added_ids(c.upserts.as_ref(), kept.is_homed())?,
             removed: c.deletes.clone(),
         });
     }
     Ok(out)
 }
 
+/// The ids of `upserts`, each with its source partition when `homed`.
+fn added_ids(upserts: Option<&RecordBatch>, homed: bool) -> Result<Vec<(String, Option<u32>)>> {
+    let Some(rows) = upserts else {
+        return Ok(Vec::new());
+    };
+    let ids = strings(rows, ID)?;
+    let parts = homed.then(|| Provenance::partitions(rows)).transpose()?;
+    Ok((0..rows.num_rows())
+        .filter(|&i| ids.is_valid(i))
+        .map(|i| {
+            let home = parts.and_then(|p| p.is_valid(i).then(|| p.value(i) as u32));
+            (ids.value(i).to_string(), home)
+        })
+        .collect())
+}
+
 /// What one fold does to the ids of one node table.
 pub(crate) struct NodeIdChange {
     table: String,
     base: u64,
-    added: Vec<String>,
+    added: Vec<(String, Option<u32>)>,
     removed: Vec<String>,
 }
 
@@ -162,7 +178,7 @@ pub(crate) async fn advance_node_ids(
                 &c.table,
                 c.base,
                 to,
-                c.added.iter().map(String::as_str),
+                c.added.iter().map(|(id, home)| (id.as_str(), *home)),
                 c.removed.iter().map(String::as_str),
             ),
             Ok(false) => graph.known_ids.forget(&c.table),

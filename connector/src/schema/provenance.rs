@@ -38,6 +38,11 @@ impl<'a> Provenance<'a> {
         })
     }
 
+    /// The batch's `_src_partition` column alone (a scan that reads only it).
+    pub fn partitions(rows: &'a RecordBatch) -> Result<&'a Int32Array> {
+        column(rows, SRC_PARTITION)
+    }
+
     /// Row `i`'s record, when topic, partition and offset are all set.
     pub fn source(&self, i: usize) -> Option<Source> {
         let set = self.topic.is_valid(i) && self.partition.is_valid(i) && self.offset.is_valid(i);

@@ -19,7 +19,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, RecordBatch};
 
 use super::policy::Policies;
 use super::read::{Read, ReadSet};
@@ -194,6 +194,78 @@ impl Checked {
         self.rejections.extend(refused);
     }
 
+    /// Rows of ids whose committed row came from another partition
+    /// (`view.homes`, partition sharding): an id that moved partition
+    /// between folds (two partitioners, a resized topic) would otherwise
+    /// overwrite its row from another shard, in no Kafka order. The
+    /// committed row stays; returns the read without them, and the
+    /// refusals (`shard_conflict`), counted once the table's change exists.
+    fn off_home(
+        ty: &GraphType,
+        r: &Read,
+        homes: &HashMap<String, u32>,
+    ) -> Result<Option<(Read, Vec<Rejection>)>> {
+        const WHY: &str = "under wal.sharding = \"partition\" one id must always arrive on one \
+            partition (producers key by the id, with one partitioner); the committed row stays";
+        let mut refused = Vec::new();
+        let mut upserts_off = Vec::new();
+        if let Some(rows) = &r.upserts {
+            let ids = super::rows::strings(rows, ID)?;
+            let parts = Provenance::partitions(rows)?;
+            for i in 0..rows.num_rows() {
+                let Some(&home) = homes.get(ids.value(i)) else {
+                    continue;
+                };
+                if parts.is_valid(i) && parts.value(i) as u32 != home {
+                    let m = format!(
+                        "this id's committed row came from partition {home} and this row from \
+                         partition {}; {WHY}",
+                        parts.value(i)
+                    );
+                    refused.push(Rejection::upsert(ty, rows, i, RejectCode::ShardConflict, m));
+                    upserts_off.push(i);
+                }
+            }
+        }
+        let mut deletes_off = HashSet::new();
+        for (i, id) in r.deletes.iter().enumerate() {
+            let (Some(&home), Some(&shard)) = (homes.get(id), r.delete_shards.get(i)) else {
+                continue;
+            };
+            if shard != home {
+                let m = format!(
+                    "this id's committed row came from partition {home} and its delete from \
+                     partition {shard}; {WHY}"
+                );
+                let row = serde_json::json!({ ID: id, "_src_partition": shard });
+                refused.push(Rejection::delete(ty, id, row, RejectCode::ShardConflict, m));
+                deletes_off.insert(i);
+            }
+        }
+        if refused.is_empty() {
+            return Ok(None);
+        }
+        let mut kept = r.clone();
+        if let Some(rows) = &r.upserts {
+            if !upserts_off.is_empty() {
+                let left = super::rows::drop_rows(rows, upserts_off.into_iter())?;
+                kept.upserts = (left.num_rows() > 0).then_some(left);
+            }
+        }
+        if !deletes_off.is_empty() {
+            let keep = |i: &usize| !deletes_off.contains(i);
+            kept.deletes = (0..r.deletes.len())
+                .filter(keep)
+                .map(|i| r.deletes[i].clone())
+                .collect();
+            kept.delete_shards = (0..r.delete_shards.len())
+                .filter(keep)
+                .map(|i| r.delete_shards[i])
+                .collect();
+        }
+        Ok(Some((kept, refused)))
+    }
+
     pub fn decision(&self) -> Result<Decision> {
         let ids = |b: Option<&RecordBatch>| -> Result<BTreeSet<String>> {
             Ok(super::rows::id_set(b)?.into_iter().collect())
@@ -248,8 +320,16 @@ pub(crate) fn check(ctx: &Ctx) -> Result<Checked> {
     let mut out = Checked::default();
     let mut nodes = FoldNodes::default();
     for ty in ctx.schema.nodes() {
-        let Some(r) = ctx.read.get(&ty.table) else {
+        let Some(read) = ctx.read.get(&ty.table) else {
             continue;
+        };
+        let homed = match ctx.view.homes.get(&ty.table) {
+            Some(homes) => Checked::off_home(ty, read, homes)?,
+            None => None,
+        };
+        let (r, off_home) = match &homed {
+            Some((kept, refused)) => (kept, refused.as_slice()),
+            None => (read, &[][..]),
         };
         let n = nodes::check_node_table(ctx, ty, r)?;
         for (table, ids) in n.cascade {
@@ -260,6 +340,11 @@ pub(crate) fn check(ctx: &Ctx) -> Result<Checked> {
         out.rejections.extend(n.rejections);
         out.changes.insert(ty.table.clone(), n.change);
         out.shard_conflicts(ty, r);
+        if !off_home.is_empty() {
+            let c = out.changes.entry(ty.table.clone()).or_default();
+            c.rejected += off_home.len() as u64;
+            out.rejections.extend(off_home.iter().cloned());
+        }
     }
     for ty in ctx.schema.edges() {
         let cascaded = nodes.cascade.remove(&ty.table).unwrap_or_default();

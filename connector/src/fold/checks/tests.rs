@@ -504,3 +504,55 @@ fn a_moved_head_rebases_only_if_the_recheck_agrees() {
         "{e}"
     );
 }
+
+#[test]
+fn a_row_off_its_committed_partition_is_a_shard_conflict_and_the_rest_go_on() {
+    // p1 and p2 were committed from partitions 1 and 2; p3 is new.
+    let mut f = Fold::new().upserts(
+        "Person",
+        &[
+            json!({"id": "p1", "name": "p1", "_src_partition": 3}),
+            json!({"id": "p2", "name": "p2", "_src_partition": 2}),
+            json!({"id": "p3", "name": "p3", "_src_partition": 0}),
+        ],
+    );
+    let table = "nodes/Person".to_string();
+    {
+        let r = f.read.get_mut(&table).unwrap();
+        r.deletes = vec!["p4".into(), "p5".into()];
+        r.delete_shards = vec![1, 0];
+    }
+    f.view.homes.insert(
+        table.clone(),
+        HashMap::from([
+            ("p1".to_string(), 1),
+            ("p2".to_string(), 2),
+            ("p4".to_string(), 1),
+            ("p5".to_string(), 2),
+        ]),
+    );
+    let c = f.check();
+    assert_eq!(
+        refused(&c),
+        [
+            r("nodes/Person", "p1", ShardConflict),
+            r("nodes/Person", "p5", ShardConflict)
+        ]
+    );
+    let change = &c.changes[&table];
+    let kept: Vec<String> = crate::fold::rows::id_set(change.upserts.as_ref())
+        .unwrap()
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(kept, ["p2", "p3"]);
+    assert_eq!(change.deletes, ["p4"]);
+    assert_eq!(change.rejected, 2);
+    assert!(c.rejections[0]
+        .message
+        .contains("partition 1 and this row from partition 3"));
+    // Without homes (bucket sharding) nothing is refused.
+    f.view.homes.clear();
+    assert!(refused(&f.check()).is_empty());
+}

@@ -14,11 +14,15 @@ use futures::TryStreamExt;
 use lance::dataset::ProjectionRequest;
 
 use super::unique::tuples;
+use crate::config::Sharding;
 use crate::error::{Context, Error, Result};
 use crate::fold::read::ReadSet;
 use crate::fold::rows::{concat_all, pending_since, read_all, scan_each, strings, FastSet};
 use crate::graph::Graph;
-use crate::schema::{pending_table, EdgeEnds, GraphSchema, GraphType, ID};
+
+use crate::schema::{
+    pending_table, EdgeEnds, GraphSchema, GraphType, Provenance, ID, SRC_PARTITION,
+};
 
 /// The base tables at one commit, as far as this fold's checks look.
 #[derive(Debug, Default)]
@@ -36,6 +40,10 @@ pub(crate) struct BaseView {
     pub uniques: HashMap<String, Vec<Vec<Held>>>,
     /// Deferred edges per edge table.
     pub pending: HashMap<String, Pending>,
+    /// Under partition sharding: per node table, the source partition of
+    /// the committed row of each id this fold writes or deletes (ids not
+    /// committed are absent).
+    pub homes: HashMap<String, HashMap<String, u32>>,
 }
 
 /// A committed edge.
@@ -127,6 +135,9 @@ pub(crate) async fn read_view(
             r.view.node_ids.insert(table, found);
         }
     }
+    if graph.layout().sharding == Sharding::Partition {
+        r.homes().await?;
+    }
     Ok(r.view)
 }
 
@@ -145,6 +156,30 @@ struct ViewReader<'a> {
 impl ViewReader<'_> {
     fn at(&self, table: &str) -> Option<u64> {
         self.base.get(table).copied()
+    }
+
+    /// The committed rows' partitions of the ids each node table of the
+    /// read writes or deletes, from the kept ids (a scan fills them once).
+    async fn homes(&mut self) -> Result<()> {
+        for ty in self.graph.schema.nodes() {
+            let (Some(r), Some(v)) = (self.read.get(&ty.table), self.at(&ty.table)) else {
+                continue;
+            };
+            let mut ids: HashSet<String> = r.deletes.iter().cloned().collect();
+            if let Some(rows) = &r.upserts {
+                ids.extend(strings(rows, ID)?.iter().flatten().map(str::to_string));
+            }
+            if ids.is_empty() {
+                continue;
+            }
+            let homes = lookup_ids(self.graph, &ty.table, v, &ids)
+                .await?
+                .into_iter()
+                .filter_map(|(id, home)| Some((id, home?)))
+                .collect();
+            self.view.homes.insert(ty.table.clone(), homes);
+        }
+        Ok(())
     }
 
     /// A node table's committed `@unique` tuples; notes its deletes.
@@ -606,35 +641,54 @@ async fn read_pending(graph: &Graph, ty: &GraphType, pt: &str, v: u64) -> Result
     Ok(Some(Pending { rows, since }))
 }
 
-/// Which of `ids` exist in `table` at version `v`: from the ids the fold
-/// keeps in memory for that version, else from one scan of `id`, which
-/// fills them (within `fold.known_ids_max`).
+/// Which of `ids` exist in `table` at version `v`.
 async fn existing_ids(
     graph: &Graph,
     table: &str,
     v: u64,
     ids: &HashSet<String>,
 ) -> Result<HashSet<String>> {
+    Ok(lookup_ids(graph, table, v, ids)
+        .await?
+        .into_keys()
+        .collect())
+}
+
+/// Which of `ids` exist in `table` at version `v`, each with its row's
+/// source partition under partition sharding (else `None`): from the ids
+/// the fold keeps in memory for that version, else from one scan of `id`
+/// (and `_src_partition`), which fills them (within `fold.known_ids_max`).
+async fn lookup_ids(
+    graph: &Graph,
+    table: &str,
+    v: u64,
+    ids: &HashSet<String>,
+) -> Result<HashMap<String, Option<u32>>> {
     let known = &graph.known_ids;
-    if let Some(set) = known.at(table, v) {
+    let homed = graph.layout().sharding == Sharding::Partition;
+    if let Some(set) = known.at(table, v).filter(|s| s.is_homed() == homed) {
         return Ok(ids
             .iter()
             .filter(|id| known.contains(&set, id))
-            .cloned()
+            .map(|id| (id.clone(), known.home(&set, id)))
             .collect());
     }
     let ds = graph.open_table(table, Some(v)).await?;
     let rows = ds.count_rows(None).await.ctx(table)?;
-    let mut fill = known.filling(table, rows);
+    let mut fill = known.filling(table, rows, homed);
     let wanted = fast_set(ids.iter().map(String::as_str));
-    let mut found = HashSet::new();
-    scan_each(&ds, &[ID], |b| {
-        for id in strings(b, ID)?.iter().flatten() {
+    let mut found = HashMap::new();
+    let columns: &[&str] = if homed { &[ID, SRC_PARTITION] } else { &[ID] };
+    scan_each(&ds, columns, |b| {
+        let homes = homed.then(|| Provenance::partitions(b)).transpose()?;
+        for (i, id) in strings(b, ID)?.iter().enumerate() {
+            let Some(id) = id else { continue };
+            let home = homes.and_then(|h| h.is_valid(i).then(|| h.value(i) as u32));
             if wanted.contains(id) {
-                found.insert(id.to_string());
+                found.insert(id.to_string(), home);
             }
             if let Some(f) = &mut fill {
-                known.add(f, id);
+                known.add(f, id, home);
             }
         }
         Ok(())
