@@ -322,6 +322,7 @@ async fn session(
         spans: WrittenSpans::default(),
         in_flight: FuturesOrdered::new(),
         assigned: BTreeSet::new(),
+        unassigned_probe: None,
         end_targets: None,
         queries,
         pending_rows: 0,
@@ -487,6 +488,8 @@ struct RunLoop<'a> {
     /// finalizer that keeps watermarks contiguous).
     in_flight: FuturesOrdered<AckFuture>,
     assigned: BTreeSet<TopicPartition>,
+    /// When `at_end_unassigned` last asked the broker.
+    unassigned_probe: Option<tokio::time::Instant>,
     /// End offsets to reach, for `exit_at_end`.
     end_targets: Option<BTreeMap<TopicPartition, i64>>,
     /// Watermark and committed-offset queries, for `exit_at_end` and the
@@ -1002,6 +1005,9 @@ impl RunLoop<'_> {
     }
 
     async fn at_end(&mut self) -> Result<bool> {
+        if self.assigned.is_empty() && self.in_flight.is_empty() {
+            return self.at_end_unassigned().await;
+        }
         // Quiet for a second too: some brokers (tansu 0.6) report a high
         // watermark below the true end when producers batch.
         if self.assigned.is_empty()
@@ -1041,6 +1047,40 @@ impl RunLoop<'_> {
         Ok(short
             .iter()
             .all(|tp| committed.get(tp).is_some_and(|&c| c >= targets[tp])))
+    }
+
+    /// A member holding nothing is at the end once it has held nothing for
+    /// the stall bound and the group has committed every mapped partition
+    /// to its end: nothing is left that it could be given. tansu 0.6 can
+    /// leave a lone member in a stable group with no assignment (a member
+    /// that replaced a killed one); with no lag the stall watch rightly
+    /// does nothing, and `--exit-at-end` waited forever (docs/retention.md,
+    /// the crash test on S3). Looks once a second at most.
+    async fn at_end_unassigned(&mut self) -> Result<bool> {
+        let now = tokio::time::Instant::now();
+        let waited = self.stall.unassigned_for(now).unwrap_or_default();
+        let probed = self
+            .unassigned_probe
+            .is_some_and(|t| now - t < Duration::from_secs(1));
+        if waited < self.stall.bound() || probed {
+            return Ok(false);
+        }
+        self.unassigned_probe = Some(now);
+        let topics = consumer::mapped_topics(self.config)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        match self.queries.progress(topics).await {
+            Ok(seen) if seen.lag == 0 => {
+                tracing::info!(held_nothing_for = ?waited, "holding no partition, and the group has committed every mapped partition to its end");
+                Ok(true)
+            }
+            Ok(_) => Ok(false),
+            Err(e) => {
+                tracing::debug!(error = %e, "exit-at-end: cannot read the group's progress");
+                Ok(false)
+            }
+        }
     }
 
     /// While holding no partition: once a bound has passed, looks at the

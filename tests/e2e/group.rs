@@ -179,6 +179,44 @@ async fn an_idle_member_of_a_consuming_group_is_not_stalled() {
     assert!(read > 0, "the other member consumed");
 }
 
+/// `run --exit-at-end` on a member that holds nothing (more members than
+/// partitions, or a group that forgot it) ends once the group has
+/// committed every mapped partition to its end. It waited forever: without
+/// lag the stall watch rightly does nothing (seen in the S3 crash test of
+/// docs/retention.md, where tansu left a lone member unassigned).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_at_end_without_partitions_ends_once_the_group_is_at_the_end() {
+    crate::init_logs();
+    let tg = TestGraph::new(&["node = \"Person\""], "[offsets]\nstall_timeout = \"2s\"");
+    let topic = tg.topics[0].clone();
+    create_topic(&topic, 1).await;
+    let recs: Vec<Rec> = (0..20)
+        .map(|i| rec(0, None, Some(json!({"name": format!("p{i}")}))))
+        .collect();
+    produce(&topic, &recs).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = second_member(&tg.group, &topic, true, stop.clone());
+    wait_until(
+        "the other member committed everything",
+        Duration::from_secs(30),
+        || committed(&tg.group, &topic, 1).get(&0) == Some(&20),
+    )
+    .await;
+
+    let started = Instant::now();
+    let summary = try_run_to_end(&tg).await.expect("it ends at the end");
+    assert_eq!(summary.records, 0, "it held nothing");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    stop.store(true, Ordering::Relaxed);
+    tokio::task::spawn_blocking(move || worker.join().unwrap())
+        .await
+        .unwrap();
+}
+
 /// Several instances started together on a fresh root: exactly one
 /// initialises it, the others open what it made (found when three `graphsink
 /// run` started at once and two died with "Dataset already exists"; a

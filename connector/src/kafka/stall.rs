@@ -66,6 +66,11 @@ impl StallWatch {
         self.bound
     }
 
+    /// How long the member has held no partition (`None`: it holds some).
+    pub(crate) fn unassigned_for(&self, now: Instant) -> Option<Duration> {
+        self.unassigned_since.map(|t| now.duration_since(t))
+    }
+
     /// After every assignment change.
     pub(crate) fn holds(&mut self, any: bool, now: Instant) {
         match (any, self.unassigned_since) {
