@@ -1005,7 +1005,12 @@ impl RunLoop<'_> {
     }
 
     async fn at_end(&mut self) -> Result<bool> {
-        if self.assigned.is_empty() && self.in_flight.is_empty() {
+        // Under partition sharding a member without partitions claims no
+        // shard and does not fold: ending would leave rows in the WAL.
+        if self.assigned.is_empty()
+            && self.in_flight.is_empty()
+            && self.config.wal.sharding == Sharding::Bucket
+        {
             return self.at_end_unassigned().await;
         }
         // Quiet for a second too: some brokers (tansu 0.6) report a high

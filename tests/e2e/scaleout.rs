@@ -533,6 +533,7 @@ async fn an_id_moving_partition_between_folds_is_refused_and_its_row_stays() {
         "{messages:?}"
     );
     let dlq = read_topic(&tg.dlq, 3, Duration::from_secs(10));
+    assert_eq!(dlq.len(), 3);
     assert!(dlq
         .iter()
         .all(|m| m.header("graphsink.code").as_deref() == Some("shard_conflict")));
