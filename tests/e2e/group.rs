@@ -65,6 +65,18 @@ fn second_member(
     h
 }
 
+/// A graph with a 2 s stall bound on a one-partition topic holding 20 records.
+async fn one_partition_of_20() -> (TestGraph, String) {
+    let tg = TestGraph::new(&["node = \"Person\""], "[offsets]\nstall_timeout = \"2s\"");
+    let topic = tg.topics[0].clone();
+    create_topic(&topic, 1).await;
+    let recs: Vec<Rec> = (0..20)
+        .map(|i| rec(0, None, Some(json!({"name": format!("p{i}")}))))
+        .collect();
+    produce(&topic, &recs).await;
+    (tg, topic)
+}
+
 /// Runs `graphsink run` to its end (at most `limit`): exit status, stderr.
 fn run_binary(tg: &TestGraph, limit: Duration) -> (Option<i32>, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
@@ -103,13 +115,7 @@ fn run_binary(tg: &TestGraph, limit: Duration) -> (Option<i32>, String) {
 /// restarts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_without_partitions_while_nobody_consumes_rejoins_then_exits() {
-    let tg = TestGraph::new(&["node = \"Person\""], "[offsets]\nstall_timeout = \"2s\"");
-    let topic = tg.topics[0].clone();
-    create_topic(&topic, 1).await;
-    let recs: Vec<Rec> = (0..20)
-        .map(|i| rec(0, None, Some(json!({"name": format!("p{i}")}))))
-        .collect();
-    produce(&topic, &recs).await;
+    let (tg, topic) = one_partition_of_20().await;
     let stop = Arc::new(AtomicBool::new(false));
     let squatter = second_member(&tg.group, &topic, false, stop.clone());
 
@@ -187,13 +193,7 @@ async fn an_idle_member_of_a_consuming_group_is_not_stalled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_at_end_without_partitions_ends_once_the_group_is_at_the_end() {
     crate::init_logs();
-    let tg = TestGraph::new(&["node = \"Person\""], "[offsets]\nstall_timeout = \"2s\"");
-    let topic = tg.topics[0].clone();
-    create_topic(&topic, 1).await;
-    let recs: Vec<Rec> = (0..20)
-        .map(|i| rec(0, None, Some(json!({"name": format!("p{i}")}))))
-        .collect();
-    produce(&topic, &recs).await;
+    let (tg, topic) = one_partition_of_20().await;
     let stop = Arc::new(AtomicBool::new(false));
     let worker = second_member(&tg.group, &topic, true, stop.clone());
     wait_until(

@@ -8,6 +8,10 @@ use serde_json::json;
 
 use crate::harness::*;
 
+/// Partition sharding with quick folds and commits, for tests with members.
+const MEMBERS: &str =
+    "[wal]\nsharding = \"partition\"\n[fold]\ninterval = \"1s\"\n[offsets]\ncommit_interval = \"200ms\"";
+
 /// One `graphsink run` member in this process: its task and its stop.
 fn start_member(
     config: graphsink::Config,
@@ -210,10 +214,7 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
     crate::init_logs();
-    let tg = TestGraph::new(
-        &["node = \"Person\""],
-        "[wal]\nsharding = \"partition\"\n[fold]\ninterval = \"1s\"\n[offsets]\ncommit_interval = \"200ms\"",
-    );
+    let tg = TestGraph::new(&["node = \"Person\""], MEMBERS);
     let topic = tg.topics[0].clone();
     create_topic(&topic, 4).await;
     // Ids keep their partition (i mod 4), as a producer keyed by id does.
@@ -315,10 +316,7 @@ async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
     crate::init_logs();
-    let tg = TestGraph::new(
-        &["node = \"Person\"", "node = \"Person\""],
-        "[wal]\nsharding = \"partition\"\n[fold]\ninterval = \"1s\"\n[offsets]\ncommit_interval = \"200ms\"",
-    );
+    let tg = TestGraph::new(&["node = \"Person\"", "node = \"Person\""], MEMBERS);
     let (ta, tb) = (tg.topics[0].clone(), tg.topics[1].clone());
     create_topic(&ta, 4).await;
     create_topic(&tb, 4).await;
@@ -432,10 +430,7 @@ async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
 async fn an_id_moving_partition_between_folds_is_refused_and_its_row_stays() {
     use std::sync::Arc;
     crate::init_logs();
-    let tg = TestGraph::new(
-        &["node = \"Person\""],
-        "[wal]\nsharding = \"partition\"\n[fold]\ninterval = \"1s\"\n[offsets]\ncommit_interval = \"200ms\"",
-    );
+    let tg = TestGraph::new(&["node = \"Person\""], MEMBERS);
     let topic = tg.topics[0].clone();
     create_topic(&topic, 4).await;
     let person =
