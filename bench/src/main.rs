@@ -126,6 +126,11 @@ struct Args {
     /// Rows per type of each (unmeasured) fold that grows the graph.
     #[arg(long, default_value_t = 500_000)]
     size_chunk: u64,
+    /// `fold.known_ids_max` of the size graph: 40M keeps every id of three
+    /// 10M-row tables, so folds replace rows by address; 0 keeps none
+    /// (every fold scans its tables' keys: the merge-insert baseline).
+    #[arg(long, default_value_t = 40_000_000)]
+    size_known_ids: usize,
     /// Instead of the Kafka phases: storage against time. Folds this many
     /// times a steady stream of `--storage-rows` updates per fold over
     /// `--storage-keys` keys, measuring bytes on disk after each fold, with
@@ -262,6 +267,7 @@ async fn run(a: Args) -> Result<(), BoxError> {
             chunk: a.size_chunk.max(1),
             buckets: a.buckets,
             value_bytes: a.value_bytes,
+            known_ids_max: a.size_known_ids,
         };
         eprintln!(
             "fold cost against graph size: {} rows per fold at sizes {:?}, {} buckets",

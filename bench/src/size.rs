@@ -47,14 +47,18 @@ pub struct Params {
     pub chunk: u64,
     pub buckets: u32,
     pub value_bytes: usize,
+    /// `fold.known_ids_max`: what fits is replaced by address, the rest
+    /// by Lance's merge-insert, whose cost grows with the table.
+    pub known_ids_max: usize,
 }
 
 /// Grows the graph to each size in turn and times one fold per type there.
 pub async fn run(dir: &Path, p: &Params) -> Result<Vec<Probe>, BoxError> {
     std::fs::write(dir.join("size.pg"), SCHEMA)?;
     let mut toml = format!(
-        "[graph]\nroot = \"size\"\nschema = \"size.pg\"\n[kafka]\n\"bootstrap.servers\" = \"unused:1\"\n\"group.id\" = \"unused\"\n[wal]\nbuckets = {}\n[errors]\nmax_pending_edges = 100000000\n",
-        p.buckets
+        "[graph]\nroot = \"size\"\nschema = \"size.pg\"\n[kafka]\n\"bootstrap.servers\" = \"unused:1\"\n\"group.id\" = \"unused\"\n[wal]\nbuckets = {}\n[errors]\nmax_pending_edges = 100000000\n[fold]\nknown_ids_max = {}\n",
+        p.buckets,
+        p.known_ids_max
     );
     for (topic, ty) in TYPES {
         let (kind, key) = if ty == "Item" {

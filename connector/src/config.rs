@@ -305,9 +305,10 @@ pub struct FoldSettings {
     /// Fold once more on a graceful shutdown.
     #[serde(default = "default_true")]
     pub on_shutdown: bool,
-    /// Most node ids the fold keeps in memory (over all node tables) to
-    /// check edge endpoints without scanning node tables: ~20–40 bytes
-    /// each. A node table past it is scanned at every edge fold instead.
+    /// Most ids the fold keeps in memory (over all tables), each with its
+    /// row's address, to check edge endpoints and to replace rows without
+    /// scanning the tables' keys: ~28–55 bytes each. A table past it is
+    /// scanned at every fold that needs it instead.
     #[serde(default = "default_known_ids_max")]
     pub known_ids_max: usize,
 }

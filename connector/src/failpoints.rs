@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 
 /// After every table commit of a fold, before its graph commit is published.
 pub const FOLD_BEFORE_PUBLISH: &str = "fold.before_publish";
-/// After a fold's delete pass, before its upsert pass.
+/// After a table's first commit of a fold (its delete pass under
+/// merge-insert, its one write by address), before the rest of the fold.
 pub const FOLD_BETWEEN_PASSES: &str = "fold.between_passes";
 /// After a fold's publish, before its rejects are produced to the dead-letter topic.
 pub const FOLD_BEFORE_DEAD_LETTERS: &str = "fold.before_dead_letters";

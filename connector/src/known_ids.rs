@@ -1,38 +1,48 @@
-//! Node ids kept in memory between folds, per node table and table version,
-//! so an edge fold asks "does this endpoint exist?" of a hash set instead
-//! of scanning the node table's `id` column (about 40–80 ns per committed
-//! row: 0.4–0.8 s at 10M nodes, every fold).
+//! Table ids kept in memory between folds, per table and table version,
+//! each with its row's address, so a fold neither scans a table's `id`
+//! column to ask "does this endpoint exist?" (about 40–80 ns per committed
+//! row: 0.4–0.8 s at 10M nodes, every fold) nor lets Lance's merge-insert
+//! hash-join every key of the table to find the rows it replaces: it
+//! deletes them by address (`fold::write`, docs/fold-size.md).
 //!
 //! A Lance table version never changes, so a set is exact for the version
-//! it is filed under. The fold fills it from its one scan on a miss, and
-//! moves it forward by the ids it wrote itself, only when every Lance commit
-//! in between is its own (`fold::execute`). Anything else (another writer,
-//! a rebase, a restart) is a miss, and a scan refills it.
+//! it is filed under. The fold fills it from one scan (`fold::keys`) on a
+//! miss, and moves it forward by its own write when that is the table's
+//! one commit since (`fold::write`). Anything else (another writer, a
+//! compaction, a merge-insert, a restart) is a miss, and a scan refills it.
+//! The write also reads back the ids at the addresses it deletes, so a set
+//! that drifted from its table is caught, never trusted.
 //!
 //! Ids are kept as 128-bit digests (two foldhash hashes under random
-//! per-process seeds), ~20–40 bytes per id in memory. A false "exists"
-//! needs two ids to collide on 128 bits: about 1e-27 per fold at 10M nodes
-//! and 40k endpoints. `fold.known_ids_max` bounds the ids held in total;
-//! a table past it is scanned every fold instead (docs/fold-size.md).
+//! per-process seeds) with a 64-bit row address: ~28–55 bytes per id in
+//! memory. A false "exists" needs two ids to collide on 128 bits: about
+//! 1e-27 per fold at 10M nodes and 40k endpoints. `fold.known_ids_max`
+//! bounds the ids held in total; a table past it is scanned every fold
+//! instead, and written by merge-insert (docs/fold-size.md).
 //!
-//! Under partition sharding each id also keeps its row's source partition
-//! (its "home", ~40–70 bytes per id), so a fold can refuse a row that
-//! arrives on another partition than its committed row came from
+//! Under partition sharding each node id also keeps its row's source
+//! partition (its "home", ~37–74 bytes per id), so a fold can refuse a row
+//! that arrives on another partition than its committed row came from
 //! (`shard_conflict`) without a scan.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 type Hasher = foldhash::fast::RandomState;
+/// Two 64-bit hashes: 8-byte aligned, so an entry with its row address
+/// takes 24 bytes (a `u128` key would pad it to 32).
+type Digest = (u64, u64);
 
-/// The ids of one node table at one version.
+/// The ids of one table at one version, each with its row's address
+/// (fragment id << 32 | offset) at that version, so a fold can replace or
+/// delete the row without scanning the table's keys (`fold::write`).
 #[derive(Debug, Clone)]
 pub(crate) enum IdSet {
-    /// Bucket sharding: membership only.
-    Plain(HashSet<u128, Hasher>),
-    /// Partition sharding: each id's source partition.
-    Homed(HashMap<u128, u32, Hasher>),
+    /// Bucket sharding, or an edge table: the row address only.
+    Plain(HashMap<Digest, u64, Hasher>),
+    /// A node table under partition sharding: also its source partition.
+    Homed(HashMap<Digest, (u64, u32), Hasher>),
 }
 
 impl IdSet {
@@ -47,25 +57,32 @@ impl IdSet {
         matches!(self, IdSet::Homed(_))
     }
 
-    fn has(&self, d: u128) -> bool {
+    fn addr(&self, d: Digest) -> Option<u64> {
         match self {
-            IdSet::Plain(s) => s.contains(&d),
-            IdSet::Homed(m) => m.contains_key(&d),
+            IdSet::Plain(s) => s.get(&d).copied(),
+            IdSet::Homed(m) => m.get(&d).map(|(a, _)| *a),
         }
     }
 
-    fn put(&mut self, d: u128, home: Option<u32>) {
+    fn put(&mut self, d: Digest, home: Option<u32>, addr: u64) {
         match self {
             IdSet::Plain(s) => {
-                s.insert(d);
+                s.insert(d, addr);
             }
             IdSet::Homed(m) => {
-                m.insert(d, home.unwrap_or_default());
+                m.insert(d, (addr, home.unwrap_or_default()));
             }
         }
     }
 
-    fn take(&mut self, d: u128) {
+    fn home_of(&self, d: Digest) -> Option<u32> {
+        match self {
+            IdSet::Plain(_) => None,
+            IdSet::Homed(m) => m.get(&d).map(|(_, h)| *h),
+        }
+    }
+
+    fn take(&mut self, d: Digest) {
         match self {
             IdSet::Plain(s) => {
                 s.remove(&d);
@@ -99,8 +116,8 @@ impl KnownIds {
         }
     }
 
-    fn digest(&self, id: &str) -> u128 {
-        (u128::from(self.seeds.0.hash_one(id)) << 64) | u128::from(self.seeds.1.hash_one(id))
+    fn digest(&self, id: &str) -> Digest {
+        (self.seeds.0.hash_one(id), self.seeds.1.hash_one(id))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Arc<IdSet>)>> {
@@ -117,15 +134,17 @@ impl KnownIds {
     }
 
     pub fn contains(&self, set: &IdSet, id: &str) -> bool {
-        set.has(self.digest(id))
+        set.addr(self.digest(id)).is_some()
+    }
+
+    /// The address of `id`'s row at the set's version, if `set` has it.
+    pub fn addr(&self, set: &IdSet, id: &str) -> Option<u64> {
+        set.addr(self.digest(id))
     }
 
     /// The partition `id`'s row came from, if `set` keeps homes and has it.
     pub fn home(&self, set: &IdSet, id: &str) -> Option<u32> {
-        match set {
-            IdSet::Homed(m) => m.get(&self.digest(id)).copied(),
-            IdSet::Plain(_) => None,
-        }
+        set.home_of(self.digest(id))
     }
 
     /// A set being filled by a scan of `table` that holds `rows` rows,
@@ -143,14 +162,15 @@ impl KnownIds {
             if homed {
                 IdSet::Homed(HashMap::with_capacity_and_hasher(rows, hasher))
             } else {
-                IdSet::Plain(HashSet::with_capacity_and_hasher(rows, hasher))
+                IdSet::Plain(HashMap::with_capacity_and_hasher(rows, hasher))
             }
         })
     }
 
-    /// Adds `id` (with its partition, kept by a homed set).
-    pub fn add(&self, set: &mut IdSet, id: &str, home: Option<u32>) {
-        set.put(self.digest(id), home);
+    /// Adds `id` with its row's address (and its partition, kept by a
+    /// homed set).
+    pub fn add(&self, set: &mut IdSet, id: &str, home: Option<u32>, addr: u64) {
+        set.put(self.digest(id), home, addr);
     }
 
     /// Files `set` as the ids of `table` at `version`.
@@ -160,13 +180,14 @@ impl KnownIds {
     }
 
     /// Moves `table`'s set from version `from` to `to` by ids added (with
-    /// their partitions) and removed; forgets it when it is not at `from`.
+    /// their partitions and new row addresses) and removed; forgets it when
+    /// it is not at `from`, or when it grew past `known_ids_max`.
     pub fn advance<'a>(
         &self,
         table: &str,
         from: u64,
         to: u64,
-        added: impl Iterator<Item = (&'a str, Option<u32>)>,
+        added: impl Iterator<Item = (&'a str, Option<u32>, u64)>,
         removed: impl Iterator<Item = &'a str>,
     ) {
         let Some((v, set)) = self.lock().remove(table) else {
@@ -179,15 +200,36 @@ impl KnownIds {
         for id in removed {
             set.take(self.digest(id));
         }
-        for (id, home) in added {
-            set.put(self.digest(id), home);
+        for (id, home, addr) in added {
+            set.put(self.digest(id), home, addr);
         }
-        self.keep(table, to, set);
+        // Grown past the bound: dropped, as a scan would not have kept it.
+        let mut t = self.lock();
+        let others: usize = t.values().map(|(_, s)| s.len()).sum();
+        if others + set.len() <= self.max {
+            t.insert(table.to_string(), (to, Arc::new(set)));
+        }
     }
 
     /// The version and size of `table`'s set, if any.
     pub fn held(&self, table: &str) -> Option<(u64, usize)> {
         self.lock().get(table).map(|(v, s)| (*v, s.len()))
+    }
+
+    /// Swaps the row addresses kept for ids `a` and `b` of `table`: a set
+    /// that drifted from its table, which the fold must catch. For tests.
+    pub fn swap_addresses(&self, table: &str, a: &str, b: &str) {
+        let (da, db) = (self.digest(a), self.digest(b));
+        let mut t = self.lock();
+        let Some((_, set)) = t.get_mut(table) else {
+            return;
+        };
+        let set = Arc::make_mut(set);
+        if let (Some(x), Some(y)) = (set.addr(da), set.addr(db)) {
+            let (ha, hb) = (set.home_of(da), set.home_of(db));
+            set.put(da, ha, y);
+            set.put(db, hb, x);
+        }
     }
 
     /// Forgets what is known of `table`.
@@ -205,7 +247,7 @@ mod tests {
         let k = KnownIds::new(10);
         let mut s = k.filling("nodes/A", 3, false).expect("under the bound");
         for id in ["a", "b", "c"] {
-            k.add(&mut s, id, None);
+            k.add(&mut s, id, None, 7);
         }
         k.keep("nodes/A", 4, s);
         assert!(k.at("nodes/A", 3).is_none());
@@ -216,18 +258,19 @@ mod tests {
             "nodes/A",
             4,
             6,
-            [("d", None)].into_iter(),
+            [("d", None, 9)].into_iter(),
             ["b"].into_iter(),
         );
         assert!(k.at("nodes/A", 4).is_none());
         let s = k.at("nodes/A", 6).expect("advanced");
         assert!(k.contains(&s, "d") && !k.contains(&s, "b") && k.contains(&s, "a"));
+        assert_eq!((k.addr(&s, "a"), k.addr(&s, "d")), (Some(7), Some(9)));
         // Not at the version the fold read: forgotten, not patched.
         k.advance(
             "nodes/A",
             4,
             9,
-            [("e", None)].into_iter(),
+            [("e", None, 9)].into_iter(),
             std::iter::empty(),
         );
         assert!(k.at("nodes/A", 6).is_none() && k.at("nodes/A", 9).is_none());
@@ -237,8 +280,8 @@ mod tests {
     fn a_homed_set_keeps_each_ids_partition_and_moves_it_forward() {
         let k = KnownIds::new(10);
         let mut s = k.filling("nodes/A", 2, true).expect("under the bound");
-        k.add(&mut s, "a", Some(1));
-        k.add(&mut s, "b", Some(3));
+        k.add(&mut s, "a", Some(1), 7);
+        k.add(&mut s, "b", Some(3), 7);
         assert!(s.is_homed());
         k.keep("nodes/A", 1, s);
         let s = k.at("nodes/A", 1).unwrap();
@@ -251,7 +294,7 @@ mod tests {
             "nodes/A",
             1,
             2,
-            [("a", Some(1)), ("c", Some(2))].into_iter(),
+            [("a", Some(1), 11), ("c", Some(2), 12)].into_iter(),
             ["b"].into_iter(),
         );
         let s = k.at("nodes/A", 2).unwrap();
@@ -260,15 +303,16 @@ mod tests {
             (Some(1), None, Some(2))
         );
         assert!(k.contains(&s, "c") && !k.contains(&s, "b"));
+        assert_eq!((k.addr(&s, "a"), k.addr(&s, "c")), (Some(11), Some(12)));
     }
 
     #[test]
     fn the_bound_counts_the_ids_of_every_other_table() {
         let k = KnownIds::new(5);
         let mut s = k.filling("nodes/A", 3, false).expect("3 ≤ 5");
-        k.add(&mut s, "a", None);
-        k.add(&mut s, "b", None);
-        k.add(&mut s, "c", None);
+        k.add(&mut s, "a", None, 7);
+        k.add(&mut s, "b", None, 7);
+        k.add(&mut s, "c", None, 7);
         k.keep("nodes/A", 1, s);
         assert!(k.filling("nodes/B", 3, false).is_none(), "3 + 3 > 5");
         assert!(k.filling("nodes/B", 2, true).is_some());
@@ -276,5 +320,17 @@ mod tests {
             k.filling("nodes/A", 5, false).is_some(),
             "its own set is replaced"
         );
+        // A fold growing A to 4 ids keeps it (4 ≤ 5); 2 more (6 > 5) drop it.
+        k.advance(
+            "nodes/A",
+            1,
+            2,
+            [("d", None, 1)].into_iter(),
+            std::iter::empty(),
+        );
+        assert_eq!(k.held("nodes/A"), Some((2, 4)));
+        let ab = [("e", None, 2), ("f", None, 3)];
+        k.advance("nodes/A", 2, 3, ab.into_iter(), std::iter::empty());
+        assert_eq!(k.held("nodes/A"), None, "grown past the bound: dropped");
     }
 }

@@ -43,7 +43,18 @@ pub async fn manifest_version(graph: &Graph) -> Result<u64> {
     graph.manifest_version().await
 }
 
-/// The version and size of the node ids the fold keeps for `table`, if any.
+/// Whether the ids kept for `table` are exactly its rows at their version,
+/// each at its row's address (`None`: none kept).
+pub async fn kept_ids_agree(graph: &Graph, table: &str) -> crate::Result<Option<bool>> {
+    crate::fold::kept_ids_agree(graph, table).await
+}
+
+/// Swaps the row addresses kept for ids `a` and `b` of `table`.
+pub fn swap_kept_addresses(graph: &Graph, table: &str, a: &str, b: &str) {
+    graph.known_ids.swap_addresses(table, a, b)
+}
+
+/// The version and size of the ids the fold keeps for `table`, if any.
 pub fn known_ids(graph: &Graph, table: &str) -> Option<(u64, usize)> {
     graph.known_ids.held(table)
 }

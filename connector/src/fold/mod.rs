@@ -19,6 +19,7 @@
 //! answer every time.
 
 mod checks;
+mod keys;
 mod offline;
 mod plan;
 mod policy;
@@ -41,6 +42,7 @@ use checks::{Checked, Ctx, Decision};
 use publish::Published;
 use read::ReadSet;
 
+pub(crate) use keys::kept_ids_agree;
 pub use offline::fold_offline;
 pub(crate) use plan::oldest_pending;
 pub use plan::{plan, FoldPlan};
@@ -114,9 +116,7 @@ pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Res
     // Kept (batches are shared, not copied) for a re-check on a moved head;
     // its id sets are built only then, not on every fold.
     let changes = write::with_rejects(checked.changes.clone(), plan, &read, &rejects)?;
-    let node_ids = write::node_id_changes(graph, plan, &changes)?;
     let outcomes = write::write_all(graph, plan, changes).await?;
-    write::advance_node_ids(graph, plan, node_ids, &outcomes).await;
     lap(&mut stages.write);
     failpoints::hit(failpoints::FOLD_BEFORE_PUBLISH)?;
     let commit = publish_checked(graph, policies, plan, &read, &checked, &outcomes).await?;

@@ -4,27 +4,30 @@
 //! commit's transaction properties, the shards' compacted markers on the
 //! last pass, and compaction of small fragments inside the fold.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow::compute::concat_batches;
 use arrow_schema::{DataType, Field, Schema};
+use lance::dataset::transaction::{Operation, Transaction, UpdateMode};
 use lance::dataset::{
-    CommitBuilder, InsertBuilder, MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode,
-    WriteParams,
+    CommitBuilder, InsertBuilder, MergeInsertBuilder, ProjectionRequest, WhenMatched,
+    WhenNotMatched, WriteMode, WriteParams,
 };
 use lance::Dataset;
 use lance_index::mem_wal::CompactedSsTable;
 use serde::{Deserialize, Serialize};
 
 use super::checks::Change;
+use super::keys::{follow_compaction, kept_ids};
 use super::plan::{FoldPlan, TablePlan};
 use super::read::ReadSet;
 use super::rows::{pk_of, strings};
-use crate::error::{Context, Result};
+use crate::error::{Context, Error, Result};
 use crate::failpoints;
 use crate::graph::{Graph, TableStats};
+use crate::known_ids::{IdSet, KnownIds};
 use crate::offsets::WrittenSpans;
 use crate::rejects::{self, Reject};
 use crate::schema::{Provenance, ID, REJECTS_TABLE};
@@ -111,103 +114,6 @@ pub(crate) async fn write_all(
     Ok(outcomes)
 }
 
-/// The node ids each node table of `changes` gains and loses, for the
-/// tables whose ids the fold keeps at the plan's base version.
-pub(crate) fn node_id_changes(
-    graph: &Graph,
-    plan: &FoldPlan,
-    changes: &BTreeMap<String, Change>,
-) -> Result<Vec<NodeIdChange>> {
-    let mut out = Vec::new();
-    for ty in graph.schema.nodes() {
-        let (Some(c), Some(&base)) = (changes.get(&ty.table), plan.base.get(&ty.table)) else {
-            continue;
-        };
-        let Some(kept) = graph.known_ids.at(&ty.table, base) else {
-            continue;
-        };
-        out.push(NodeIdChange {
-            table: ty.table.clone(),
-            base,
-            added: added_ids(c.upserts.as_ref(), kept.is_homed())?,
-            removed: c.deletes.clone(),
-        });
-    }
-    Ok(out)
-}
-
-/// The ids of `upserts`, each with its source partition when `homed`.
-fn added_ids(upserts: Option<&RecordBatch>, homed: bool) -> Result<Vec<(String, Option<u32>)>> {
-    let Some(rows) = upserts else {
-        return Ok(Vec::new());
-    };
-    let ids = strings(rows, ID)?;
-    let parts = homed.then(|| Provenance::partitions(rows)).transpose()?;
-    Ok((0..rows.num_rows())
-        .filter(|&i| ids.is_valid(i))
-        .map(|i| {
-            let home = parts.and_then(|p| p.is_valid(i).then(|| p.value(i) as u32));
-            (ids.value(i).to_string(), home)
-        })
-        .collect())
-}
-
-/// What one fold does to the ids of one node table.
-pub(crate) struct NodeIdChange {
-    table: String,
-    base: u64,
-    added: Vec<(String, Option<u32>)>,
-    removed: Vec<String>,
-}
-
-/// Moves the kept node ids of each changed table to the version the fold
-/// wrote, when every Lance commit since the base is this fold's (else a
-/// commit the fold did not make could have changed the ids: forgotten).
-pub(crate) async fn advance_node_ids(
-    graph: &Graph,
-    plan: &FoldPlan,
-    changes: Vec<NodeIdChange>,
-    outcomes: &Outcomes,
-) {
-    for c in changes {
-        let Some(to) = outcomes.get(&c.table).map(|o| o.version) else {
-            continue;
-        };
-        match only_ours(graph, &c.table, c.base, to, &plan.commit_id).await {
-            Ok(true) => graph.known_ids.advance(
-                &c.table,
-                c.base,
-                to,
-                c.added.iter().map(|(id, home)| (id.as_str(), *home)),
-                c.removed.iter().map(String::as_str),
-            ),
-            Ok(false) => graph.known_ids.forget(&c.table),
-            Err(e) => {
-                tracing::debug!(table = %c.table, error = %e, "cannot read the fold's commits; node ids forgotten");
-                graph.known_ids.forget(&c.table);
-            }
-        }
-    }
-}
-
-/// Whether every commit of `table` after version `from` up to `to` carries
-/// plan `commit_id`.
-async fn only_ours(
-    graph: &Graph,
-    table: &str,
-    from: u64,
-    to: u64,
-    commit_id: &str,
-) -> Result<bool> {
-    let ds = graph.open_table(table, Some(to)).await?;
-    for v in from + 1..=to {
-        if pass_of(&ds, v, commit_id).await?.is_none() && !only_reserves(&ds, v).await? {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
 /// One table's writes: what every pass shares.
 struct TableWrite<'a> {
     table: &'a str,
@@ -215,6 +121,25 @@ struct TableWrite<'a> {
     pk: &'static str,
     plan_json: String,
     markers: Vec<CompactedSsTable>,
+}
+
+/// What an addressed write did to the table's kept ids.
+struct Moved {
+    /// Upserted ids with their partitions (homed sets) and new addresses.
+    added: Vec<(String, Option<u32>, u64)>,
+    removed: Vec<String>,
+    /// False when the new rows' addresses could not be told.
+    known: bool,
+}
+
+impl Moved {
+    fn unknown() -> Moved {
+        Moved {
+            added: Vec::new(),
+            removed: Vec::new(),
+            known: false,
+        }
+    }
 }
 
 /// Writes one table's change; the last pass carries the compacted markers
@@ -254,8 +179,52 @@ async fn write_table(
     if let Some(rows) = change.replace {
         return w.overwrite(ds, rows).await;
     }
-    let ds = w.merge(ds, change).await?;
+    let from = ds.version().version;
+    let kept = if w.pk == ID {
+        kept_ids(graph, table, from).await?
+    } else {
+        None
+    };
+    let known = &graph.known_ids;
+    let addressed = match &kept {
+        Some(set) => w.addressed(ds.clone(), known, set, &change).await?,
+        None => None,
+    };
+    let (ds, moved) = match addressed {
+        Some((ds, moved)) => {
+            // The table's one data commit: a crash here leaves it written
+            // and the rest of the fold (compaction, other tables) to redo.
+            failpoints::hit(failpoints::FOLD_BETWEEN_PASSES)?;
+            (ds, Some(moved))
+        }
+        None => (w.merge(ds, change).await?, None),
+    };
+    let written = ds.clone();
     let ds = w.compact(ds).await?;
+    // The kept ids move with the one commit made from them, then over the
+    // fold's own compaction; a merge-insert (row addresses unknown) or a
+    // commit of someone else's in between leaves them behind: forgotten,
+    // and rescanned by the next fold that needs them.
+    match moved {
+        Some(m) if m.known && written.version().version == from + 1 => {
+            known.advance(
+                table,
+                from,
+                from + 1,
+                m.added.iter().map(|(id, home, a)| (id.as_str(), *home, *a)),
+                m.removed.iter().map(String::as_str),
+            );
+            let to = ds.version().version;
+            if to > from + 1 {
+                if only_ours(&ds, from + 2, to, &plan.commit_id).await? {
+                    follow_compaction(graph, table, &written, &ds).await?;
+                } else {
+                    known.forget(table);
+                }
+            }
+        }
+        _ => known.forget(table),
+    }
     // Sum every pass of this plan, including passes of a crashed attempt.
     let mut outcome = committed_outcome(&ds, &plan.commit_id)
         .await?
@@ -287,6 +256,172 @@ impl TableWrite<'_> {
         let mut out = pass;
         out.version = written.version().version;
         Ok(out)
+    }
+
+    /// Deletes and upserts in one commit by the row addresses kept for the
+    /// table's ids: each replaced or deleted row gets a deletion-vector bit,
+    /// the upserts a new fragment (what merge-insert commits, without its
+    /// hash join over every key of the table). `None` when the kept
+    /// addresses do not hold the ids they should: a bug, never a guess.
+    async fn addressed(
+        &self,
+        ds: Arc<Dataset>,
+        known: &KnownIds,
+        set: &IdSet,
+        change: &Change,
+    ) -> Result<Option<(Arc<Dataset>, Moved)>> {
+        let upserts = change.upserts.as_ref().filter(|u| u.num_rows() > 0);
+        let mut gone: BTreeMap<u64, &str> = BTreeMap::new();
+        for id in &change.deletes {
+            if let Some(a) = known.addr(set, id) {
+                gone.insert(a, id);
+            }
+        }
+        let deleted = gone.len() as u64;
+        let mut added = Vec::new();
+        if let Some(rows) = upserts {
+            let ids = strings(rows, ID)?;
+            let homes = set
+                .is_homed()
+                .then(|| Provenance::partitions(rows))
+                .transpose()?;
+            for i in 0..rows.num_rows() {
+                if !ids.is_valid(i) {
+                    return Err(Error::Corrupt(format!("{}: a row without id", self.table)));
+                }
+                let id = ids.value(i);
+                if let Some(a) = known.addr(set, id) {
+                    gone.insert(a, id);
+                }
+                let home = homes.and_then(|h| h.is_valid(i).then(|| h.value(i) as u32));
+                added.push((id.to_string(), home, 0u64));
+            }
+        }
+        if !self.holds(&ds, &gone).await? {
+            return Ok(None);
+        }
+        let new_fragments = match upserts {
+            Some(rows) => {
+                let params = self.store.write_params(WriteMode::Append);
+                let txn = InsertBuilder::new(ds.clone())
+                    .with_params(&params)
+                    .execute_uncommitted(vec![rows.clone()])
+                    .await
+                    .ctx(format!("write upserts of {}", self.table))?;
+                match txn.operation {
+                    Operation::Append { fragments } => fragments,
+                    op => {
+                        return Err(Error::Corrupt(format!(
+                            "{}: insert staged {op}",
+                            self.table
+                        )))
+                    }
+                }
+            }
+            None => Vec::new(),
+        };
+        let mut by_fragment: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &a in gone.keys() {
+            by_fragment
+                .entry((a >> 32) as u32)
+                .or_default()
+                .push(a as u32);
+        }
+        let (mut updated, mut removed) = (Vec::new(), Vec::new());
+        for (f, offsets) in by_fragment {
+            let frag = ds.get_fragment(f as usize).ok_or_else(|| {
+                Error::Corrupt(format!("{}: no fragment {f} for a kept id", self.table))
+            })?;
+            match frag
+                .extend_deletions(offsets)
+                .await
+                .ctx(format!("delete rows of {}", self.table))?
+            {
+                Some(frag) => updated.push(frag.metadata().clone()),
+                None => removed.push(u64::from(f)),
+            }
+        }
+        let op = Operation::Update {
+            removed_fragment_ids: removed,
+            updated_fragments: updated,
+            new_fragments,
+            fields_modified: vec![],
+            compacted_sstables: self.markers.clone(),
+            fields_for_preserving_frag_bitmap: ds
+                .schema()
+                .fields_pre_order()
+                .map(|f| f.id as u32)
+                .collect(),
+            update_mode: Some(UpdateMode::RewriteRows),
+            inserted_rows_filter: None,
+            updated_fragment_offsets: None,
+        };
+        let pass = TableOutcome {
+            stats: TableStats {
+                upserted: added.len() as u64,
+                deleted,
+                rejected: change.rejected,
+            },
+            offsets: match upserts {
+                Some(rows) if self.table != REJECTS_TABLE => provenance_ranges(rows)?,
+                _ => vec![],
+            },
+            last: true,
+            ..Default::default()
+        };
+        let txn = Transaction::new(ds.version().version, op, None);
+        let before: HashSet<u64> = ds.get_fragments().iter().map(|f| f.id() as u64).collect();
+        let written = commit_staged(ds, txn, &self.plan_json, &pass).await?;
+        // The upserts' rows, in order, fill the fragments the commit added.
+        let mut addrs = Vec::with_capacity(added.len());
+        for f in written.get_fragments() {
+            let id = f.id() as u64;
+            if before.contains(&id) {
+                continue;
+            }
+            let n = f.metadata().physical_rows.unwrap_or_default() as u64;
+            addrs.extend((0..n).map(|i| (id << 32) | i));
+        }
+        let moved = Moved {
+            known: true,
+            removed: change.deletes.clone(),
+            added: if addrs.len() == added.len() {
+                added
+                    .into_iter()
+                    .zip(addrs)
+                    .map(|((id, home, _), a)| (id, home, a))
+                    .collect()
+            } else {
+                // Not what was written: `advance` must not file these.
+                return Ok(Some((Arc::new(written), Moved::unknown())));
+            },
+        };
+        Ok(Some((Arc::new(written), moved)))
+    }
+
+    /// Whether the rows at `gone`'s addresses hold the ids kept for them
+    /// (one take of the rows this fold replaces or deletes): kept ids that
+    /// drifted from the table are forgotten, never used to delete a row.
+    async fn holds(&self, ds: &Dataset, gone: &BTreeMap<u64, &str>) -> Result<bool> {
+        if gone.is_empty() {
+            return Ok(true);
+        }
+        let addrs: Vec<u64> = gone.keys().copied().collect();
+        let proj = ProjectionRequest::from_columns([ID], ds.schema());
+        let rows = ds
+            .take_rows(&addrs, proj)
+            .await
+            .ctx(format!("read the rows a fold replaces in {}", self.table))?;
+        let ids = strings(&rows, ID)?;
+        let held = rows.num_rows() == gone.len()
+            && gone
+                .values()
+                .enumerate()
+                .all(|(i, id)| ids.is_valid(i) && ids.value(i) == *id);
+        if !held {
+            tracing::warn!(table = %self.table, "kept row addresses do not match the table; rescanning");
+        }
+        Ok(held)
     }
 
     /// The delete pass, then the upsert pass.
@@ -471,6 +606,17 @@ pub(crate) async fn only_reserves(ds: &Dataset, v: u64) -> Result<bool> {
             lance::dataset::transaction::Operation::ReserveFragments { .. }
         )
     }))
+}
+
+/// Whether every commit of `ds` from version `from` to `to` is a pass of
+/// plan `commit_id` (or a compaction's fragment reservation).
+async fn only_ours(ds: &Dataset, from: u64, to: u64, commit_id: &str) -> Result<bool> {
+    for v in from..=to {
+        if pass_of(ds, v, commit_id).await?.is_none() && !only_reserves(ds, v).await? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 async fn committed_outcome(ds: &Dataset, commit_id: &str) -> Result<Option<TableOutcome>> {

@@ -16,6 +16,7 @@ use lance::dataset::ProjectionRequest;
 use super::unique::tuples;
 use crate::config::Sharding;
 use crate::error::{Context, Error, Result};
+use crate::fold::keys::{homed, kept_ids};
 use crate::fold::read::ReadSet;
 use crate::fold::rows::{concat_all, pending_since, read_all, scan_each, strings, FastSet};
 use crate::graph::Graph;
@@ -656,8 +657,8 @@ async fn existing_ids(
 
 /// Which of `ids` exist in `table` at version `v`, each with its row's
 /// source partition under partition sharding (else `None`): from the ids
-/// the fold keeps in memory for that version, else from one scan of `id`
-/// (and `_src_partition`), which fills them (within `fold.known_ids_max`).
+/// the fold keeps for that version (one scan fills them), else, past
+/// `fold.known_ids_max`, from a scan of `id` (and `_src_partition`).
 async fn lookup_ids(
     graph: &Graph,
     table: &str,
@@ -665,37 +666,29 @@ async fn lookup_ids(
     ids: &HashSet<String>,
 ) -> Result<HashMap<String, Option<u32>>> {
     let known = &graph.known_ids;
-    let homed = graph.layout().sharding == Sharding::Partition;
-    if let Some(set) = known.at(table, v).filter(|s| s.is_homed() == homed) {
+    if let Some(set) = kept_ids(graph, table, v).await? {
         return Ok(ids
             .iter()
             .filter(|id| known.contains(&set, id))
             .map(|id| (id.clone(), known.home(&set, id)))
             .collect());
     }
+    let homed = homed(graph, table);
     let ds = graph.open_table(table, Some(v)).await?;
-    let rows = ds.count_rows(None).await.ctx(table)?;
-    let mut fill = known.filling(table, rows, homed);
     let wanted = fast_set(ids.iter().map(String::as_str));
     let mut found = HashMap::new();
     let columns: &[&str] = if homed { &[ID, SRC_PARTITION] } else { &[ID] };
     scan_each(&ds, columns, |b| {
         let homes = homed.then(|| Provenance::partitions(b)).transpose()?;
         for (i, id) in strings(b, ID)?.iter().enumerate() {
-            let Some(id) = id else { continue };
+            let Some(id) = id.filter(|id| wanted.contains(id)) else {
+                continue;
+            };
             let home = homes.and_then(|h| h.is_valid(i).then(|| h.value(i) as u32));
-            if wanted.contains(id) {
-                found.insert(id.to_string(), home);
-            }
-            if let Some(f) = &mut fill {
-                known.add(f, id, home);
-            }
+            found.insert(id.to_string(), home);
         }
         Ok(())
     })
     .await?;
-    if let Some(f) = fill {
-        known.keep(table, v, f);
-    }
     Ok(found)
 }
