@@ -25,60 +25,79 @@
 //! that arrives on another partition than its committed row came from
 //! (`shard_conflict`) without a scan.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
-type Hasher = foldhash::fast::RandomState;
+pub(crate) type Hasher = foldhash::fast::RandomState;
 /// Two 64-bit hashes: 8-byte aligned, so an entry with its row address
 /// takes 24 bytes (a `u128` key would pad it to 32).
 type Digest = (u64, u64);
+
+/// What a set keeps with each id besides its row's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Nothing more.
+    Plain,
+    /// Its row's source partition: node tables under partition sharding.
+    Homed,
+    /// A hash of its row's `src`: edge tables with `@card` or `@unique`,
+    /// whose checks read the committed edges of the fold's `src`s.
+    Sourced,
+}
 
 /// The ids of one table at one version, each with its row's address
 /// (fragment id << 32 | offset) at that version, so a fold can replace or
 /// delete the row without scanning the table's keys (`fold::write`).
 #[derive(Debug, Clone)]
 pub(crate) enum IdSet {
-    /// Bucket sharding, or an edge table: the row address only.
     Plain(HashMap<Digest, u64, Hasher>),
-    /// A node table under partition sharding: also its source partition.
-    Homed(HashMap<Digest, (u64, u32), Hasher>),
+    /// Homed or Sourced: (address, tag). A `u32` partition would take as
+    /// much room as a `u64` tag, for alignment.
+    Tagged(Kind, HashMap<Digest, (u64, u64), Hasher>),
 }
 
 impl IdSet {
     pub fn len(&self) -> usize {
         match self {
             IdSet::Plain(s) => s.len(),
-            IdSet::Homed(m) => m.len(),
+            IdSet::Tagged(_, m) => m.len(),
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self {
+            IdSet::Plain(_) => Kind::Plain,
+            IdSet::Tagged(k, _) => *k,
         }
     }
 
     pub fn is_homed(&self) -> bool {
-        matches!(self, IdSet::Homed(_))
+        self.kind() == Kind::Homed
     }
 
     fn addr(&self, d: Digest) -> Option<u64> {
         match self {
             IdSet::Plain(s) => s.get(&d).copied(),
-            IdSet::Homed(m) => m.get(&d).map(|(a, _)| *a),
+            IdSet::Tagged(_, m) => m.get(&d).map(|(a, _)| *a),
         }
     }
 
-    fn put(&mut self, d: Digest, home: Option<u32>, addr: u64) {
+    fn put(&mut self, d: Digest, tag: u64, addr: u64) {
         match self {
             IdSet::Plain(s) => {
                 s.insert(d, addr);
             }
-            IdSet::Homed(m) => {
-                m.insert(d, (addr, home.unwrap_or_default()));
+            IdSet::Tagged(_, m) => {
+                m.insert(d, (addr, tag));
             }
         }
     }
 
-    fn home_of(&self, d: Digest) -> Option<u32> {
+    fn tag_of(&self, d: Digest) -> Option<u64> {
         match self {
             IdSet::Plain(_) => None,
-            IdSet::Homed(m) => m.get(&d).map(|(_, h)| *h),
+            IdSet::Tagged(_, m) => m.get(&d).map(|(_, t)| *t),
         }
     }
 
@@ -87,7 +106,7 @@ impl IdSet {
             IdSet::Plain(s) => {
                 s.remove(&d);
             }
-            IdSet::Homed(m) => {
+            IdSet::Tagged(_, m) => {
                 m.remove(&d);
             }
         }
@@ -144,13 +163,33 @@ impl KnownIds {
 
     /// The partition `id`'s row came from, if `set` keeps homes and has it.
     pub fn home(&self, set: &IdSet, id: &str) -> Option<u32> {
-        set.home_of(self.digest(id))
+        set.is_homed()
+            .then(|| set.tag_of(self.digest(id)).map(|t| t as u32))
+            .flatten()
     }
 
-    /// A set being filled by a scan of `table` that holds `rows` rows,
-    /// keeping each id's partition when `homed`; `None` when keeping it
-    /// would pass `known_ids_max`.
-    pub fn filling(&self, table: &str, rows: usize, homed: bool) -> Option<IdSet> {
+    /// The tag a Sourced set keeps for a row whose `src` is `src`.
+    pub fn src_tag(&self, src: &str) -> u64 {
+        self.seeds.0.hash_one(src)
+    }
+
+    /// The addresses of the rows of a Sourced `set` whose `src` tag is in
+    /// `tags`: one pass over the set, a hash probe per id (a superset on a
+    /// 64-bit collision, which the caller's checks read past).
+    pub fn with_src_tags(&self, set: &IdSet, tags: &HashSet<u64, Hasher>) -> Vec<u64> {
+        match set {
+            IdSet::Tagged(Kind::Sourced, m) => m
+                .values()
+                .filter(|(_, t)| tags.contains(t))
+                .map(|(a, _)| *a)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A set of `kind` being filled by a scan of `table` that holds `rows`
+    /// rows; `None` when keeping it would pass `known_ids_max`.
+    pub fn filling(&self, table: &str, rows: usize, kind: Kind) -> Option<IdSet> {
         let held: usize = self
             .lock()
             .iter()
@@ -159,18 +198,16 @@ impl KnownIds {
             .sum();
         (held + rows <= self.max).then(|| {
             let hasher = Hasher::default();
-            if homed {
-                IdSet::Homed(HashMap::with_capacity_and_hasher(rows, hasher))
-            } else {
-                IdSet::Plain(HashMap::with_capacity_and_hasher(rows, hasher))
+            match kind {
+                Kind::Plain => IdSet::Plain(HashMap::with_capacity_and_hasher(rows, hasher)),
+                k => IdSet::Tagged(k, HashMap::with_capacity_and_hasher(rows, hasher)),
             }
         })
     }
 
-    /// Adds `id` with its row's address (and its partition, kept by a
-    /// homed set).
-    pub fn add(&self, set: &mut IdSet, id: &str, home: Option<u32>, addr: u64) {
-        set.put(self.digest(id), home, addr);
+    /// Adds `id` with its row's address and its tag (kept by a Tagged set).
+    pub fn add(&self, set: &mut IdSet, id: &str, tag: u64, addr: u64) {
+        set.put(self.digest(id), tag, addr);
     }
 
     /// Files `set` as the ids of `table` at `version`.
@@ -180,14 +217,14 @@ impl KnownIds {
     }
 
     /// Moves `table`'s set from version `from` to `to` by ids added (with
-    /// their partitions and new row addresses) and removed; forgets it when
+    /// their tags and new row addresses) and removed; forgets it when
     /// it is not at `from`, or when it grew past `known_ids_max`.
     pub fn advance<'a>(
         &self,
         table: &str,
         from: u64,
         to: u64,
-        added: impl Iterator<Item = (&'a str, Option<u32>, u64)>,
+        added: impl Iterator<Item = (&'a str, u64, u64)>,
         removed: impl Iterator<Item = &'a str>,
     ) {
         let Some((v, set)) = self.lock().remove(table) else {
@@ -200,8 +237,8 @@ impl KnownIds {
         for id in removed {
             set.take(self.digest(id));
         }
-        for (id, home, addr) in added {
-            set.put(self.digest(id), home, addr);
+        for (id, tag, addr) in added {
+            set.put(self.digest(id), tag, addr);
         }
         // Grown past the bound: dropped, as a scan would not have kept it.
         let mut t = self.lock();
@@ -226,9 +263,9 @@ impl KnownIds {
         };
         let set = Arc::make_mut(set);
         if let (Some(x), Some(y)) = (set.addr(da), set.addr(db)) {
-            let (ha, hb) = (set.home_of(da), set.home_of(db));
-            set.put(da, ha, y);
-            set.put(db, hb, x);
+            let (ta, tb) = (set.tag_of(da), set.tag_of(db));
+            set.put(da, ta.unwrap_or_default(), y);
+            set.put(db, tb.unwrap_or_default(), x);
         }
     }
 
@@ -245,9 +282,11 @@ mod tests {
     #[test]
     fn a_set_is_found_only_at_its_version_and_moves_forward_exactly() {
         let k = KnownIds::new(10);
-        let mut s = k.filling("nodes/A", 3, false).expect("under the bound");
+        let mut s = k
+            .filling("nodes/A", 3, Kind::Plain)
+            .expect("under the bound");
         for id in ["a", "b", "c"] {
-            k.add(&mut s, id, None, 7);
+            k.add(&mut s, id, 0, 7);
         }
         k.keep("nodes/A", 4, s);
         assert!(k.at("nodes/A", 3).is_none());
@@ -258,7 +297,7 @@ mod tests {
             "nodes/A",
             4,
             6,
-            [("d", None, 9)].into_iter(),
+            [("d", 0, 9)].into_iter(),
             ["b"].into_iter(),
         );
         assert!(k.at("nodes/A", 4).is_none());
@@ -270,7 +309,7 @@ mod tests {
             "nodes/A",
             4,
             9,
-            [("e", None, 9)].into_iter(),
+            [("e", 0, 9)].into_iter(),
             std::iter::empty(),
         );
         assert!(k.at("nodes/A", 6).is_none() && k.at("nodes/A", 9).is_none());
@@ -279,9 +318,11 @@ mod tests {
     #[test]
     fn a_homed_set_keeps_each_ids_partition_and_moves_it_forward() {
         let k = KnownIds::new(10);
-        let mut s = k.filling("nodes/A", 2, true).expect("under the bound");
-        k.add(&mut s, "a", Some(1), 7);
-        k.add(&mut s, "b", Some(3), 7);
+        let mut s = k
+            .filling("nodes/A", 2, Kind::Homed)
+            .expect("under the bound");
+        k.add(&mut s, "a", 1, 7);
+        k.add(&mut s, "b", 3, 7);
         assert!(s.is_homed());
         k.keep("nodes/A", 1, s);
         let s = k.at("nodes/A", 1).unwrap();
@@ -294,7 +335,7 @@ mod tests {
             "nodes/A",
             1,
             2,
-            [("a", Some(1), 11), ("c", Some(2), 12)].into_iter(),
+            [("a", 1, 11), ("c", 2, 12)].into_iter(),
             ["b"].into_iter(),
         );
         let s = k.at("nodes/A", 2).unwrap();
@@ -309,15 +350,15 @@ mod tests {
     #[test]
     fn the_bound_counts_the_ids_of_every_other_table() {
         let k = KnownIds::new(5);
-        let mut s = k.filling("nodes/A", 3, false).expect("3 ≤ 5");
-        k.add(&mut s, "a", None, 7);
-        k.add(&mut s, "b", None, 7);
-        k.add(&mut s, "c", None, 7);
+        let mut s = k.filling("nodes/A", 3, Kind::Plain).expect("3 ≤ 5");
+        k.add(&mut s, "a", 0, 7);
+        k.add(&mut s, "b", 0, 7);
+        k.add(&mut s, "c", 0, 7);
         k.keep("nodes/A", 1, s);
-        assert!(k.filling("nodes/B", 3, false).is_none(), "3 + 3 > 5");
-        assert!(k.filling("nodes/B", 2, true).is_some());
+        assert!(k.filling("nodes/B", 3, Kind::Plain).is_none(), "3 + 3 > 5");
+        assert!(k.filling("nodes/B", 2, Kind::Homed).is_some());
         assert!(
-            k.filling("nodes/A", 5, false).is_some(),
+            k.filling("nodes/A", 5, Kind::Plain).is_some(),
             "its own set is replaced"
         );
         // A fold growing A to 4 ids keeps it (4 ≤ 5); 2 more (6 > 5) drop it.
@@ -325,12 +366,28 @@ mod tests {
             "nodes/A",
             1,
             2,
-            [("d", None, 1)].into_iter(),
+            [("d", 0, 1)].into_iter(),
             std::iter::empty(),
         );
         assert_eq!(k.held("nodes/A"), Some((2, 4)));
-        let ab = [("e", None, 2), ("f", None, 3)];
+        let ab = [("e", 0, 2), ("f", 0, 3)];
         k.advance("nodes/A", 2, 3, ab.into_iter(), std::iter::empty());
         assert_eq!(k.held("nodes/A"), None, "grown past the bound: dropped");
+    }
+
+    #[test]
+    fn a_sourced_set_finds_the_rows_of_the_srcs_asked() {
+        let k = KnownIds::new(10);
+        let mut s = k
+            .filling("edges/E", 3, Kind::Sourced)
+            .expect("under the bound");
+        k.add(&mut s, "e1", k.src_tag("a"), 10);
+        k.add(&mut s, "e2", k.src_tag("b"), 11);
+        k.add(&mut s, "e3", k.src_tag("a"), 12);
+        let tags: HashSet<u64, Hasher> = [k.src_tag("a")].into_iter().collect();
+        let mut rows = k.with_src_tags(&s, &tags);
+        rows.sort();
+        assert_eq!(rows, vec![10, 12]);
+        assert_eq!(k.home(&s, "e1"), None, "a src tag is not a partition");
     }
 }

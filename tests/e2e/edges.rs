@@ -462,7 +462,7 @@ struct InProcess {
 impl InProcess {
     /// A graph of `schema`, its mappings (`topic`, `node|edge = type`)
     /// keyed by the Kafka key.
-    async fn new(schema: &str, mappings: &[(&str, &str, &str)]) -> InProcess {
+    async fn new(schema: &str, mappings: &[(&str, &str, &str)], extra: &str) -> InProcess {
         use graphsink::testing::{self, ShardPool};
         crate::init_logs();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -475,6 +475,7 @@ impl InProcess {
                 toml += "on_missing_endpoint = \"reject\"\n";
             }
         }
+        toml += extra;
         let cfg = graphsink::Config::from_toml(&toml, dir.path()).expect("config");
         let schema = graphsink::GraphSchema::load(&cfg.schema_path()).expect("schema");
         let graph = graphsink::Graph::open_or_init(&cfg, schema)
@@ -577,6 +578,7 @@ async fn kept_node_ids_follow_each_folds_adds_and_deletes() {
     let mut g = InProcess::new(
         "node Person { name: String @key }\nedge Likes: Person -> Person\n",
         &[("people", "node", "Person"), ("likes", "edge", "Likes")],
+        "",
     )
     .await;
     let person = |n: &'static str| (0, n, Some(json!({ "name": n })));
@@ -623,69 +625,139 @@ async fn kept_node_ids_follow_each_folds_adds_and_deletes() {
 /// per live id holding its last write, the kept ids follow every fold and
 /// match a scan of the table after it, and addresses that drifted from the
 /// table (swapped here by hand; only a bug could do it) are caught by the
-/// fold and never delete the wrong rows.
+/// fold and never delete the wrong rows. Past `fold.known_ids_max` (0
+/// here), the same folds go through merge-insert and column scans, and
+/// every table and reject comes out the same, `@card`/`@unique` edges
+/// (read through their kept `src` tags, or a scan of `src`) included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn addressed_writes_keep_the_last_write_of_each_id_across_compactions() {
+    let kept = fold_rounds(true).await;
+    let scanned = fold_rounds(false).await;
+    assert_eq!(kept.len(), scanned.len());
+    for (round, (k, s)) in kept.iter().zip(&scanned).enumerate() {
+        assert_eq!(k, s, "round {round}: kept ids against scans");
+    }
+    assert!(
+        kept.iter()
+            .any(|(_, rejects)| rejects.iter().any(|r| r.0 == "cardinality"))
+            && kept
+                .iter()
+                .any(|(_, rejects)| rejects.iter().any(|r| r.0 == "unique")),
+        "the rounds exercise both checks: {kept:?}"
+    );
+}
+
+/// Ties' rows (id → w) and the fold's rejects (code, row) of one round.
+type Round = (BTreeMap<String, i64>, Vec<(String, String)>);
+
+/// 30 folds of updates, deletes and re-inserts of people, likes and ties,
+/// with the fold's kept ids (`kept`) or past the bound; checks people and
+/// likes against a model after each, and returns ties and the rejects.
+async fn fold_rounds(kept: bool) -> Vec<Round> {
     use graphsink::testing;
     let mut g = InProcess::new(
-        "node Person { name: String @key\n n: I64 }\nedge Likes: Person -> Person { w: I64 }\n",
-        &[("people", "node", "Person"), ("likes", "edge", "Likes")],
+        "node Person { name: String @key\n n: I64 }\nedge Likes: Person -> Person { w: I64 }\nedge Ties: Person -> Person @card(0..2) {\n w: I64\n @unique(src, dst)\n}\n",
+        &[("people", "node", "Person"), ("likes", "edge", "Likes"), ("ties", "edge", "Ties")],
+        if kept { "" } else { "[fold]\nknown_ids_max = 0\n" },
     )
     .await;
     // 40 people: enough fragments outlive their rewrites for compaction.
     let names: &'static [String] = Vec::leak((0..40).map(|i| format!("p{i:02}")).collect());
     let name = |i: usize| names[i].as_str();
+    let key = |k: String| -> &'static str { Box::leak(k.into_boxed_str()) };
     let person = |i: usize, n: i64| (0, name(i), Some(json!({ "name": name(i), "n": n })));
-    let like = |k: &'static str, s: usize, d: usize, w: i64| {
+    let edge = |m: usize, k: &'static str, s: usize, d: usize, w: i64| {
         (
-            1,
+            m,
             k,
             Some(json!({ "src": name(s), "dst": name(d), "w": w })),
         )
     };
+    let values = |rows: BTreeMap<String, Value>, field: &str| -> BTreeMap<String, i64> {
+        rows.into_iter()
+            .map(|(id, v)| (id, v[field].as_i64().expect("a number")))
+            .collect()
+    };
     // What each table must hold: id → its last value.
     let mut people: BTreeMap<String, i64> = BTreeMap::new();
     let mut likes: BTreeMap<String, i64> = BTreeMap::new();
-    let (mut compacted, mut fragments) = (false, 0);
+    let (mut compacted, mut fragments, mut out) = (false, 0, Vec::new());
     for round in 0..30i64 {
+        let r = round as usize;
         let mut recs = Vec::new();
-        // Rewrite three people, add one, delete one (and re-add it later).
-        for i in [0, (round as usize % 30) + 1, 39] {
+        if round == 0 {
+            for i in 0..40 {
+                recs.push(person(i, -1));
+                people.insert(name(i).to_string(), -1);
+            }
+        }
+        // Rewrite three people, delete one (and re-add it later).
+        for i in [0, r % 30 + 1, 39] {
             recs.push(person(i, round));
             people.insert(name(i).to_string(), round);
         }
         if round % 3 == 1 {
-            let gone = name(round as usize % 30 + 1);
-            recs.retain(|r| r.1 != gone);
+            let gone = name(r % 30 + 1);
+            recs.retain(|rec| rec.1 != gone);
             recs.push((0, gone, None));
             people.remove(gone);
         }
-        let key: &'static str = Box::leak(format!("e{}", round % 5).into_boxed_str());
-        recs.push(like(key, 0, 39, round));
-        likes.insert(key.to_string(), round);
+        let k = key(format!("e{}", round % 5));
+        recs.push(edge(1, k, 0, 39, round));
+        likes.insert(k.to_string(), round);
         if round % 4 == 3 {
             recs.push((1, "e0", None));
             likes.remove("e0");
         }
+        // Ties from four srcs to five dsts under nine keys: past two per
+        // src (`@card(0..2)`), and one tuple under two keys (`@unique`).
+        recs.push(edge(
+            2,
+            key(format!("t{}", r % 9)),
+            r % 4,
+            39 - r % 5,
+            round,
+        ));
+        if round % 5 == 4 {
+            recs.push((2, key(format!("t{}", (r + 3) % 9)), None));
+        }
         let f = g.fold(recs).await;
-        assert!(f.rejects.is_empty(), "round {round}: {:?}", f.rejects);
-        for (table, want) in [("nodes/Person", &people), ("edges/Likes", &likes)] {
-            let field = if table == "nodes/Person" { "n" } else { "w" };
-            let got: BTreeMap<String, i64> = g
-                .rows(table)
-                .await
-                .into_iter()
-                .map(|(id, v)| (id, v[field].as_i64().expect("a number")))
-                .collect();
-            assert_eq!(&got, want, "round {round}: {table}");
+        assert!(
+            f.rejects
+                .iter()
+                .all(|rej| rej.type_name.as_deref() == Some("Ties")),
+            "round {round}: {:?}",
+            f.rejects
+        );
+        assert_eq!(
+            values(g.rows("nodes/Person").await, "n"),
+            people,
+            "round {round}"
+        );
+        assert_eq!(
+            values(g.rows("edges/Likes").await, "w"),
+            likes,
+            "round {round}"
+        );
+        let mut rejects: Vec<(String, String)> = f
+            .rejects
+            .iter()
+            .map(|rej| {
+                let row = rej.row.clone().unwrap_or_default();
+                (rej.code.as_str().to_string(), row)
+            })
+            .collect();
+        rejects.sort();
+        out.push((values(g.rows("edges/Ties").await, "w"), rejects));
+        if !kept {
+            assert_eq!(testing::known_ids(&g.graph, "nodes/Person"), None);
+            continue;
+        }
+        for table in ["nodes/Person", "edges/Likes", "edges/Ties"] {
             let agree = testing::kept_ids_agree(&g.graph, table)
                 .await
                 .expect("scan");
-            assert_ne!(
-                agree,
-                Some(false),
-                "round {round}: {table}'s kept addresses"
-            );
+            assert_eq!(agree, Some(true), "round {round}: {table}'s kept addresses");
         }
         // The kept ids follow every fold, its compactions included.
         let (v, _) = testing::known_ids(&g.graph, "nodes/Person").expect("kept");
@@ -698,17 +770,15 @@ async fn addressed_writes_keep_the_last_write_of_each_id_across_compactions() {
         compacted |= table.get_fragments().len() < fragments;
         fragments = table.get_fragments().len();
     }
-    assert!(compacted, "30 folds passed the compaction bound");
-    // Addresses that drifted: the fold must not delete by them.
-    testing::swap_kept_addresses(&g.graph, "nodes/Person", name(0), name(39));
-    g.fold(vec![person(0, 100)]).await;
-    people.insert(name(0).to_string(), 100);
-    let got: BTreeMap<String, i64> = g
-        .rows("nodes/Person")
-        .await
-        .into_iter()
-        .map(|(id, v)| (id, v["n"].as_i64().expect("a number")))
-        .collect();
-    assert_eq!(got, people, "the swapped addresses deleted nothing");
+    if kept {
+        assert!(compacted, "30 folds passed the compaction bound");
+        // Addresses that drifted: the fold must not delete by them.
+        testing::swap_kept_addresses(&g.graph, "nodes/Person", name(0), name(39));
+        g.fold(vec![person(0, 100)]).await;
+        people.insert(name(0).to_string(), 100);
+        let got = values(g.rows("nodes/Person").await, "n");
+        assert_eq!(got, people, "the swapped addresses deleted nothing");
+    }
     g.pool.close().await.expect("close");
+    out
 }

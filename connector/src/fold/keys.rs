@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray};
+use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::UInt64Type;
 use futures::TryStreamExt;
 use lance::Dataset;
@@ -18,16 +18,40 @@ use crate::config::Sharding;
 use crate::error::{Context, Error, Result};
 use crate::fold::rows::strings;
 use crate::graph::Graph;
-use crate::known_ids::IdSet;
+use crate::known_ids::{IdSet, Kind, KnownIds};
 use crate::schema::{Provenance, ID, SRC_PARTITION};
 
+/// An edge's source column.
+const SRC: &str = "src";
 /// Lance's row address column (fragment id << 32 | offset).
 const ROW_ADDR: &str = "_rowaddr";
 
-/// Whether `table`'s kept ids keep each row's source partition: node
-/// tables under partition sharding (`shard_conflict`, docs/scale-out.md).
+/// What `table`'s kept ids keep with each id: the source partition for
+/// node tables under partition sharding (`shard_conflict`,
+/// docs/scale-out.md), a hash of `src` for edge tables with `@card` or
+/// `@unique` (their checks read the committed edges of the fold's `src`s).
+pub(crate) fn kind(graph: &Graph, table: &str) -> Kind {
+    let Some(ty) = graph.schema.types.iter().find(|t| t.table == table) else {
+        return Kind::Plain;
+    };
+    match &ty.ends {
+        Some(ends) => {
+            let checked =
+                ends.card_max.is_some() || ends.card_min > 0 || !ty.constraints.uniques.is_empty();
+            if checked {
+                Kind::Sourced
+            } else {
+                Kind::Plain
+            }
+        }
+        None if graph.layout().sharding == Sharding::Partition => Kind::Homed,
+        None => Kind::Plain,
+    }
+}
+
+/// Whether `table`'s kept ids keep each row's source partition.
 pub(crate) fn homed(graph: &Graph, table: &str) -> bool {
-    graph.layout().sharding == Sharding::Partition && graph.schema.nodes().any(|t| t.table == table)
+    kind(graph, table) == Kind::Homed
 }
 
 /// The ids of `table` at version `v`: the kept set, else one scan of the
@@ -35,50 +59,87 @@ pub(crate) fn homed(graph: &Graph, table: &str) -> bool {
 /// (the caller then scans for what it needs).
 pub(crate) async fn kept_ids(graph: &Graph, table: &str, v: u64) -> Result<Option<Arc<IdSet>>> {
     let known = &graph.known_ids;
-    let homed = homed(graph, table);
-    if let Some(set) = known.at(table, v).filter(|s| s.is_homed() == homed) {
+    let kind = kind(graph, table);
+    if let Some(set) = known.at(table, v).filter(|s| s.kind() == kind) {
         return Ok(Some(set));
     }
     let ds = graph.open_table(table, Some(v)).await?;
     let rows = ds.count_rows(None).await.ctx(table)?;
-    let Some(mut fill) = known.filling(table, rows, homed) else {
+    let Some(mut fill) = known.filling(table, rows, kind) else {
         return Ok(None);
     };
-    scan_keys(&ds, homed, None, |id, home, addr| {
-        known.add(&mut fill, id, home, addr)
+    scan_keys(&ds, known, kind, None, |id, tag, addr| {
+        known.add(&mut fill, id, tag, addr)
     })
     .await?;
     known.keep(table, v, fill);
     Ok(known.at(table, v))
 }
 
-/// Every id of `ds` (of `fragments`, else all) with its row's source
-/// partition (when `homed`) and address, in one scan of the key column.
+/// The tag a set of `kind` keeps for each row of `rows` (0 for none).
+pub(crate) fn tags(known: &KnownIds, kind: Kind, rows: &RecordBatch) -> Result<Vec<u64>> {
+    let n = rows.num_rows();
+    Ok(match kind {
+        Kind::Plain => vec![0; n],
+        Kind::Homed => {
+            let p = Provenance::partitions(rows)?;
+            (0..n)
+                .map(|i| {
+                    if p.is_valid(i) {
+                        u64::from(p.value(i) as u32)
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        }
+        Kind::Sourced => {
+            let src = strings(rows, SRC)?;
+            (0..n)
+                .map(|i| {
+                    if src.is_valid(i) {
+                        known.src_tag(src.value(i))
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        }
+    })
+}
+
+/// Every id of `ds` (of `fragments`, else all) with its tag for a set of
+/// `kind` and its row's address, in one scan of the key column (and the
+/// tag's column).
 async fn scan_keys(
     ds: &Dataset,
-    homed: bool,
+    known: &KnownIds,
+    kind: Kind,
     fragments: Option<Vec<Fragment>>,
-    mut f: impl FnMut(&str, Option<u32>, u64),
+    mut f: impl FnMut(&str, u64, u64),
 ) -> Result<()> {
     let what = || format!("scan {} for its keys", ds.uri());
     let mut scan = ds.scan();
     if let Some(fragments) = fragments {
         scan.with_fragments(fragments);
     }
-    let cols: &[&str] = if homed { &[ID, SRC_PARTITION] } else { &[ID] };
+    let cols: &[&str] = match kind {
+        Kind::Plain => &[ID],
+        Kind::Homed => &[ID, SRC_PARTITION],
+        Kind::Sourced => &[ID, SRC],
+    };
     scan.project(cols).ctx(what())?;
     scan.with_row_address();
     let mut stream = scan.try_into_stream().await.ctx(what())?;
     while let Some(b) = stream.try_next().await.ctx(what())? {
-        let homes = homed.then(|| Provenance::partitions(&b)).transpose()?;
+        let tags = tags(known, kind, &b)?;
         let addrs = b
             .column_by_name(ROW_ADDR)
             .and_then(|a| a.as_primitive_opt::<UInt64Type>())
             .ok_or_else(|| Error::Corrupt(format!("{}: scan without {ROW_ADDR}", ds.uri())))?;
         for (i, id) in strings(&b, ID)?.iter().enumerate() {
             let Some(id) = id else { continue };
-            let home = homes.and_then(|h| h.is_valid(i).then(|| h.value(i) as u32));
-            f(id, home, addrs.value(i));
+            f(id, tags[i], addrs.value(i));
         }
     }
     Ok(())
@@ -104,17 +165,21 @@ pub(crate) async fn follow_compaction(
         .collect();
     let mut moved = Vec::new();
     if !added.is_empty() {
-        let homed = homed(graph, table);
-        scan_keys(after, homed, Some(added), |id, home, addr| {
-            moved.push((id.to_string(), home, addr))
-        })
+        let kind = kind(graph, table);
+        scan_keys(
+            after,
+            &graph.known_ids,
+            kind,
+            Some(added),
+            |id, tag, addr| moved.push((id.to_string(), tag, addr)),
+        )
         .await?;
     }
     graph.known_ids.advance(
         table,
         before.version().version,
         after.version().version,
-        moved.iter().map(|(id, home, a)| (id.as_str(), *home, *a)),
+        moved.iter().map(|(id, tag, a)| (id.as_str(), *tag, *a)),
         std::iter::empty(),
     );
     Ok(())
@@ -133,7 +198,7 @@ pub(crate) async fn kept_ids_agree(graph: &Graph, table: &str) -> Result<Option<
     let (v, set) = set;
     let ds = graph.open_table(table, Some(v)).await?;
     let (mut rows, mut agree) = (0usize, true);
-    scan_keys(&ds, set.is_homed(), None, |id, _, addr| {
+    scan_keys(&ds, known, set.kind(), None, |id, _, addr| {
         rows += 1;
         agree &= known.addr(&set, id) == Some(addr);
     })

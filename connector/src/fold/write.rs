@@ -20,7 +20,7 @@ use lance_index::mem_wal::CompactedSsTable;
 use serde::{Deserialize, Serialize};
 
 use super::checks::Change;
-use super::keys::{follow_compaction, kept_ids};
+use super::keys::{follow_compaction, kept_ids, tags};
 use super::plan::{FoldPlan, TablePlan};
 use super::read::ReadSet;
 use super::rows::{pk_of, strings};
@@ -125,8 +125,8 @@ struct TableWrite<'a> {
 
 /// What an addressed write did to the table's kept ids.
 struct Moved {
-    /// Upserted ids with their partitions (homed sets) and new addresses.
-    added: Vec<(String, Option<u32>, u64)>,
+    /// Upserted ids with their tags (`keys::tags`) and new addresses.
+    added: Vec<(String, u64, u64)>,
     removed: Vec<String>,
     /// False when the new rows' addresses could not be told.
     known: bool,
@@ -211,7 +211,7 @@ async fn write_table(
                 table,
                 from,
                 from + 1,
-                m.added.iter().map(|(id, home, a)| (id.as_str(), *home, *a)),
+                m.added.iter().map(|(id, tag, a)| (id.as_str(), *tag, *a)),
                 m.removed.iter().map(String::as_str),
             );
             let to = ds.version().version;
@@ -281,11 +281,8 @@ impl TableWrite<'_> {
         let mut added = Vec::new();
         if let Some(rows) = upserts {
             let ids = strings(rows, ID)?;
-            let homes = set
-                .is_homed()
-                .then(|| Provenance::partitions(rows))
-                .transpose()?;
-            for i in 0..rows.num_rows() {
+            let tags = tags(known, set.kind(), rows)?;
+            for (i, tag) in tags.into_iter().enumerate() {
                 if !ids.is_valid(i) {
                     return Err(Error::Corrupt(format!("{}: a row without id", self.table)));
                 }
@@ -293,8 +290,7 @@ impl TableWrite<'_> {
                 if let Some(a) = known.addr(set, id) {
                     gone.insert(a, id);
                 }
-                let home = homes.and_then(|h| h.is_valid(i).then(|| h.value(i) as u32));
-                added.push((id.to_string(), home, 0u64));
+                added.push((id.to_string(), tag, 0u64));
             }
         }
         if !self.holds(&ds, &gone).await? {
@@ -389,7 +385,7 @@ impl TableWrite<'_> {
                 added
                     .into_iter()
                     .zip(addrs)
-                    .map(|((id, home, _), a)| (id, home, a))
+                    .map(|((id, tag, _), a)| (id, tag, a))
                     .collect()
             } else {
                 // Not what was written: `advance` must not file these.

@@ -20,6 +20,7 @@ use crate::fold::keys::{homed, kept_ids};
 use crate::fold::read::ReadSet;
 use crate::fold::rows::{concat_all, pending_since, read_all, scan_each, strings, FastSet};
 use crate::graph::Graph;
+use crate::known_ids::{Hasher as KeptHasher, Kind};
 
 use crate::schema::{
     pending_table, EdgeEnds, GraphSchema, GraphType, Provenance, ID, SRC_PARTITION,
@@ -265,7 +266,7 @@ impl ViewReader<'_> {
                 // fold's srcs are read whole (one string column decoded per
                 // committed edge instead of three).
                 Some(Some(srcs)) => {
-                    let ids = row_ids_of(&ds, &srcs).await?;
+                    let ids = row_ids_of(self.graph, &ty.table, &ds, &srcs).await?;
                     if !ids.is_empty() {
                         let proj = ProjectionRequest::from_columns(cols.iter(), ds.schema());
                         let rows = ds
@@ -335,9 +336,25 @@ fn narrowing(
     Ok(Some(srcs))
 }
 
-/// The row ids of the committed edges whose `src` is in `srcs`: a scan of
-/// `src` alone.
-async fn row_ids_of(ds: &lance::Dataset, srcs: &FastSet<String>) -> Result<Vec<u64>> {
+/// The row ids of the committed edges whose `src` is in `srcs`: from the
+/// `src` tags kept with the table's ids (a pass over them, no decode; a
+/// superset on a 64-bit collision, which the probes read past), else a
+/// scan of `src` alone.
+async fn row_ids_of(
+    graph: &Graph,
+    table: &str,
+    ds: &lance::Dataset,
+    srcs: &FastSet<String>,
+) -> Result<Vec<u64>> {
+    let kept = kept_ids(graph, table, ds.version().version).await?;
+    if let Some(set) = kept.filter(|s| s.kind() == Kind::Sourced) {
+        let known = &graph.known_ids;
+        let tags: HashSet<u64, KeptHasher> = srcs.iter().map(|s| known.src_tag(s)).collect();
+        // Without stable row ids, a row's id is its address.
+        let mut ids = known.with_src_tags(&set, &tags);
+        ids.sort_unstable();
+        return Ok(ids);
+    }
     let what = || format!("scan {} for the fold's srcs", ds.uri());
     let mut scan = ds.scan();
     scan.project(&["src"]).ctx(what())?;
