@@ -199,6 +199,9 @@ async fn write_table(
         }
         None => (w.merge(ds, change).await?, None),
     };
+    // The set's one holder is then the kept map, so `advance` moves it in
+    // place instead of copying every id.
+    drop(kept);
     let written = ds.clone();
     let ds = w.compact(ds).await?;
     // The kept ids move with the one commit made from them, then over the
@@ -293,9 +296,11 @@ impl TableWrite<'_> {
                 added.push((id.to_string(), tag, 0u64));
             }
         }
+        let clock = std::time::Instant::now();
         if !self.holds(&ds, &gone).await? {
             return Ok(None);
         }
+        let take_s = clock.elapsed().as_secs_f64();
         let new_fragments = match upserts {
             Some(rows) => {
                 let params = self.store.write_params(WriteMode::Append);
@@ -316,6 +321,7 @@ impl TableWrite<'_> {
             }
             None => Vec::new(),
         };
+        let insert_s = clock.elapsed().as_secs_f64() - take_s;
         let mut by_fragment: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for &a in gone.keys() {
             by_fragment
@@ -365,9 +371,19 @@ impl TableWrite<'_> {
             last: true,
             ..Default::default()
         };
+        let delete_s = clock.elapsed().as_secs_f64() - take_s - insert_s;
         let txn = Transaction::new(ds.version().version, op, None);
         let before: HashSet<u64> = ds.get_fragments().iter().map(|f| f.id() as u64).collect();
         let written = commit_staged(ds, txn, &self.plan_json, &pass).await?;
+        tracing::debug!(
+            table = %self.table,
+            take_s,
+            insert_s,
+            delete_s,
+            commit_s = clock.elapsed().as_secs_f64() - take_s - insert_s - delete_s,
+            replaced = gone.len(),
+            "written by address"
+        );
         // The upserts' rows, in order, fill the fragments the commit added.
         let mut addrs = Vec::with_capacity(added.len());
         for f in written.get_fragments() {
