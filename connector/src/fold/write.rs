@@ -128,18 +128,6 @@ struct Moved {
     /// Upserted ids with their tags (`keys::tags`) and new addresses.
     added: Vec<(String, u64, u64)>,
     removed: Vec<String>,
-    /// False when the new rows' addresses could not be told.
-    known: bool,
-}
-
-impl Moved {
-    fn unknown() -> Moved {
-        Moved {
-            added: Vec::new(),
-            removed: Vec::new(),
-            known: false,
-        }
-    }
 }
 
 /// Writes one table's change; the last pass carries the compacted markers
@@ -195,7 +183,7 @@ async fn write_table(
             // The table's one data commit: a crash here leaves it written
             // and the rest of the fold (compaction, other tables) to redo.
             failpoints::hit(failpoints::FOLD_BETWEEN_PASSES)?;
-            (ds, Some(moved))
+            (ds, moved)
         }
         None => (w.merge(ds, change).await?, None),
     };
@@ -209,7 +197,7 @@ async fn write_table(
     // commit of someone else's in between leaves them behind: forgotten,
     // and rescanned by the next fold that needs them.
     match moved {
-        Some(m) if m.known && written.version().version == from + 1 => {
+        Some(m) if written.version().version == from + 1 => {
             known.advance(
                 table,
                 from,
@@ -272,7 +260,7 @@ impl TableWrite<'_> {
         known: &KnownIds,
         set: &IdSet,
         change: &Change,
-    ) -> Result<Option<(Arc<Dataset>, Moved)>> {
+    ) -> Result<Option<(Arc<Dataset>, Option<Moved>)>> {
         let upserts = change.upserts.as_ref().filter(|u| u.num_rows() > 0);
         let mut gone: BTreeMap<u64, &str> = BTreeMap::new();
         for id in &change.deletes {
@@ -394,20 +382,15 @@ impl TableWrite<'_> {
             let n = f.metadata().physical_rows.unwrap_or_default() as u64;
             addrs.extend((0..n).map(|i| (id << 32) | i));
         }
-        let moved = Moved {
-            known: true,
+        // Not what was written: `advance` must not file these addresses.
+        let moved = (addrs.len() == added.len()).then(|| Moved {
             removed: change.deletes.clone(),
-            added: if addrs.len() == added.len() {
-                added
-                    .into_iter()
-                    .zip(addrs)
-                    .map(|((id, tag, _), a)| (id, tag, a))
-                    .collect()
-            } else {
-                // Not what was written: `advance` must not file these.
-                return Ok(Some((Arc::new(written), Moved::unknown())));
-            },
-        };
+            added: added
+                .into_iter()
+                .zip(addrs)
+                .map(|((id, tag, _), a)| (id, tag, a))
+                .collect(),
+        });
         Ok(Some((Arc::new(written), moved)))
     }
 
