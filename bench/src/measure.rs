@@ -12,6 +12,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use graphsink::GraphCommit;
 use graphsink::RunStats;
@@ -165,6 +166,25 @@ pub fn first_fetch(stats: Arc<RunStats>) -> tokio::task::JoinHandle<(f64, u64)> 
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    })
+}
+
+/// Watches `RunStats.durable` at 1 ms until `stop` and returns when it last
+/// grew: the moment the phase's last poll became durable. The distance from
+/// it to "all offsets committed" is the commit cadence's share of the
+/// phase (graphsink commits on `offsets.commit_interval`; the bare loop
+/// commits synchronously the moment it has read the last record).
+pub fn last_durable(stats: Arc<RunStats>, stop: CancellationToken) -> tokio::task::JoinHandle<f64> {
+    tokio::spawn(async move {
+        let (mut seen, mut at) = (0, now_ms());
+        while !stop.is_cancelled() {
+            let n = stats.durable.load(Ordering::Relaxed);
+            if n > seen {
+                (seen, at) = (n, now_ms());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        at
     })
 }
 

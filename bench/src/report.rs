@@ -197,6 +197,10 @@ impl Report {
             "  (run loop: {} polls of {:.0} records; in polls {:.2} s, of which take {:.2} s, decode {:.2} s, puts {:.2} s, rejects {:.2} s; window full {:.2} s, freeze cuts {:.2} s; {} rejected)",
             l.polls, l.records_per_poll, l.poll_secs, l.take_secs, l.decode_secs, l.put_secs, l.reject_secs, l.window_full_secs, l.cut_secs, l.rejected
         );
+        println!(
+            "  (first fetch → last poll durable {:.3} s, → all offsets committed {:.3} s: {:.0} ms waiting for the commit)",
+            l.durable_secs, self.graphsink_secs, (self.graphsink_secs - l.durable_secs) * 1e3
+        );
         let n = self.graphsink_timed_records.max(1) as f64;
         for g in &self.graphsink_threads {
             println!(

@@ -57,6 +57,10 @@ pub struct LoopTimes {
     pub cut_secs: f64,
     /// Records rejected before the WAL (decode, validate).
     pub rejected: u64,
+    /// From the first fetch to the last poll's durability (the phase's
+    /// `secs` runs on to the commit that covers it).
+    #[serde(default)]
+    pub durable_secs: f64,
 }
 
 impl LoopTimes {
@@ -74,6 +78,7 @@ impl LoopTimes {
             window_full_secs: get(&stats.window_full_ns) as f64 / 1e9,
             cut_secs: get(&stats.cut_ns) as f64 / 1e9,
             rejected: get(&stats.rejected),
+            durable_secs: 0.0,
         }
     }
 }
@@ -95,6 +100,8 @@ pub async fn backlog(
     let (published, watcher) = measure::watch_published(rx);
     let sampler = CommitSampler::start(t, &group, every)?;
     let first = measure::first_fetch(stats.clone());
+    let watch_durable = CancellationToken::new();
+    let last_durable = measure::last_durable(stats.clone(), watch_durable.clone());
     let opts = RunOptions {
         exit_at_end: true,
         fold_now: None,
@@ -106,6 +113,8 @@ pub async fn backlog(
     let peak_rss_mib = measure::peak_rss_mib();
     let samples = sampler.finish()?;
     let (first, before) = first.await?;
+    watch_durable.cancel();
+    let last_durable = last_durable.await?;
     watcher.await?;
     let end = measure::all_committed_at(&samples, ends)
         .ok_or("graphsink ended but its committed offsets never reached the end offsets")?;
@@ -117,7 +126,10 @@ pub async fn backlog(
         commits_published,
         peak_rss_mib,
         start_rss_mib,
-        run_loop: LoopTimes::of(&stats),
+        run_loop: LoopTimes {
+            durable_secs: (last_durable - first) / 1e3,
+            ..LoopTimes::of(&stats)
+        },
         restarts: stats.restarts.load(Ordering::Relaxed),
         cpu_cores: None,
         threads: Vec::new(),
