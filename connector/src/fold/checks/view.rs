@@ -266,7 +266,9 @@ impl ViewReader<'_> {
                 // fold's srcs are read whole (one string column decoded per
                 // committed edge instead of three).
                 Some(Some(srcs)) => {
+                    let t = std::time::Instant::now();
                     let ids = row_ids_of(self.graph, &ty.table, &ds, &srcs).await?;
+                    let find_s = t.elapsed().as_secs_f64();
                     if !ids.is_empty() {
                         let proj = ProjectionRequest::from_columns(cols.iter(), ds.schema());
                         let rows = ds
@@ -275,6 +277,11 @@ impl ViewReader<'_> {
                             .ctx("read the committed edges of the fold's srcs")?;
                         feed(&rows)?;
                     }
+                    tracing::debug!(
+                        table = %ty.table, srcs = srcs.len(), edges = ids.len(), find_s,
+                        read_s = t.elapsed().as_secs_f64() - find_s,
+                        "read the committed edges of the fold's srcs"
+                    );
                 }
                 Some(None) => scan_each(&ds, &cols, feed).await?,
             }
