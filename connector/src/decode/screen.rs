@@ -121,8 +121,7 @@ impl<'de> Visitor<'de> for ObjectVisitor<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        // Keys with escapes arrive owned, the rest borrowed.
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
             match self.fields.want(&key) {
                 Some(want) => map.next_value_seed(Value {
                     field: &key,
@@ -135,6 +134,39 @@ impl<'de> Visitor<'de> for ObjectVisitor<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// An object's key, borrowed from the value unless it has escapes. serde's
+/// own `Cow<str>` always allocates (its impl deserializes the owned
+/// `String`), which was a `String` per key per record on the run loop.
+struct Key<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Key<'de>, D::Error> {
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+struct KeyVisitor;
+
+impl<'de> Visitor<'de> for KeyVisitor {
+    type Value = Key<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+        Ok(Key(std::borrow::Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+        Ok(Key(std::borrow::Cow::Owned(v.to_string())))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
+        Ok(Key(std::borrow::Cow::Owned(v)))
     }
 }
 
@@ -292,17 +324,19 @@ impl<'de> Visitor<'de> for Value<'_> {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        let shown: String = v.chars().take(40).collect();
+        // Only a refusal shows the string (a temporal one is the happy path).
+        let shown = || v.chars().take(40).collect::<String>();
         match self.want {
             Want::Temporal => Ok(()),
             Want::List(_) => self.misfit(
                 RejectCode::WrongType,
-                format!("expected a list, got a string {shown:?}"),
+                format!("expected a list, got a string {:?}", shown()),
             ),
             _ => self.misfit(
                 RejectCode::WrongType,
                 format!(
-                    "expected a number, got the string {shown:?} (set coerce = \"lenient\" to parse numeric strings)"
+                    "expected a number, got the string {:?} (set coerce = \"lenient\" to parse numeric strings)",
+                    shown()
                 ),
             ),
         }
