@@ -177,8 +177,8 @@ impl KnownIds {
     /// `tags`: one pass over the set (a superset on a 64-bit collision,
     /// which the caller's checks read past). A bitmap of the tags' low bits,
     /// 64 bits per tag and small enough for the L2 cache, screens out all
-    /// but ~1/64 of the other ids before the hash probe: the probe per id
-    /// was most of this pass at 10M edges (BENCHMARKS.md).
+    /// but ~1/64 of the other ids before the hash probe (at 10M edges the
+    /// pass then takes ~0.05 s; BENCHMARKS.md, "Repeat runs").
     pub fn with_src_tags(&self, set: &IdSet, tags: &HashSet<u64, Hasher>) -> Vec<u64> {
         let IdSet::Tagged(Kind::Sourced, m) = set else {
             return Vec::new();

@@ -138,37 +138,11 @@ impl<'de> Visitor<'de> for ObjectVisitor<'_> {
 }
 
 /// An object's key, borrowed from the value unless it has escapes. serde's
-/// own `Cow<str>` always allocates (its impl deserializes the owned
-/// `String`), which was a `String` per key per record on the run loop.
-struct Key<'de>(std::borrow::Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Key<'de>, D::Error> {
-        d.deserialize_str(KeyVisitor)
-    }
-}
-
-struct KeyVisitor;
-
-impl<'de> Visitor<'de> for KeyVisitor {
-    type Value = Key<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object key")
-    }
-
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
-        Ok(Key(std::borrow::Cow::Borrowed(v)))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
-        Ok(Key(std::borrow::Cow::Owned(v.to_string())))
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
-        Ok(Key(std::borrow::Cow::Owned(v)))
-    }
-}
+/// plain `Cow<str>` always allocates (it deserializes the owned `String`),
+/// which was a `String` per key per record on the run loop.
+#[derive(serde::Deserialize)]
+#[serde(transparent)]
+struct Key<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
 
 /// Any JSON value, read and dropped. Unlike serde's `IgnoredAny` (which
 /// serde_json skips without a depth limit), it goes through
