@@ -56,8 +56,14 @@ pub(crate) struct Rejection {
 pub(crate) enum Refused {
     /// A row of the table's rows (with provenance).
     Upsert(RowRef),
-    /// A delete; `row` is what the reject records of it.
-    Delete { id: String, row: serde_json::Value },
+    /// A delete; `row` is what the reject records of it. `shard` is the
+    /// partition a shard-conflict delete came from: deletes carry no record
+    /// coordinates, so it is what tells two such refusals of one id apart.
+    Delete {
+        id: String,
+        row: serde_json::Value,
+        shard: Option<u32>,
+    },
 }
 
 /// A row of a checked batch that a check refuses, and the message.
@@ -94,12 +100,25 @@ impl Rejection {
         code: RejectCode,
         message: String,
     ) -> Self {
+        Self::delete_from(ty, id, row, None, code, message)
+    }
+
+    /// A refused delete that came from partition `shard`.
+    fn delete_from(
+        ty: &GraphType,
+        id: &str,
+        row: serde_json::Value,
+        shard: Option<u32>,
+        code: RejectCode,
+        message: String,
+    ) -> Self {
         Rejection {
             table: ty.table.clone(),
             type_name: ty.name.clone(),
             refused: Refused::Delete {
                 id: id.to_string(),
                 row,
+                shard,
             },
             code,
             message,
@@ -122,9 +141,15 @@ impl Rejection {
         let (what, row, source) = match &self.refused {
             Refused::Upsert(r) => {
                 let source = Provenance::of(&r.rows)?.source(r.index);
-                ("upsert", row_json(&r.rows, r.index), source)
+                ("upsert".to_string(), row_json(&r.rows, r.index), source)
             }
-            Refused::Delete { row, .. } => ("delete", Some(row.to_string()), None),
+            Refused::Delete { row, shard, .. } => {
+                let what = match shard {
+                    Some(s) => format!("delete@{s}"),
+                    None => "delete".to_string(),
+                };
+                (what, Some(row.to_string()), None)
+            }
         };
         Ok(Reject::of_fold(FoldRefusal {
             commit_id,
@@ -185,7 +210,15 @@ impl Checked {
                  partition in the same fold; {WHY}"
             );
             let row = serde_json::json!({ ID: id, "_src_partition": partition });
-            refused.push(Rejection::delete(ty, id, row, RejectCode::ShardConflict, m));
+            let code = RejectCode::ShardConflict;
+            refused.push(Rejection::delete_from(
+                ty,
+                id,
+                row,
+                Some(*partition),
+                code,
+                m,
+            ));
         }
         if refused.is_empty() {
             return;
@@ -238,7 +271,8 @@ impl Checked {
                      partition {shard}; {WHY}"
                 );
                 let row = serde_json::json!({ ID: id, "_src_partition": shard });
-                refused.push(Rejection::delete(ty, id, row, RejectCode::ShardConflict, m));
+                let code = RejectCode::ShardConflict;
+                refused.push(Rejection::delete_from(ty, id, row, Some(shard), code, m));
                 deletes_off.insert(i);
             }
         }

@@ -556,3 +556,38 @@ fn a_row_off_its_committed_partition_is_a_shard_conflict_and_the_rest_go_on() {
     f.view.homes.clear();
     assert!(refused(&f.check()).is_empty());
 }
+
+#[test]
+fn refused_deletes_of_one_id_from_two_partitions_are_two_rejects() {
+    // p1's row from partition 0 is kept; its deletes from partitions 1 and
+    // 2 in the same fold are both shard conflicts.
+    let mut f = Fold::new().upserts(
+        "Person",
+        &[json!({"id": "p1", "name": "p1", "_src_partition": 0})],
+    );
+    let table = "nodes/Person".to_string();
+    f.read.get_mut(&table).unwrap().conflicts.deletes =
+        vec![("p1".to_string(), 1), ("p1".to_string(), 2)];
+    let c = f.check();
+    assert_eq!(
+        refused(&c),
+        [
+            r("nodes/Person", "p1", ShardConflict),
+            r("nodes/Person", "p1", ShardConflict)
+        ]
+    );
+    let ids: Vec<String> = c
+        .rejections
+        .iter()
+        .map(|r| r.to_reject("c1", NOW).unwrap().reject_id)
+        .collect();
+    assert_ne!(
+        ids[0], ids[1],
+        "deletes carry no offset: the partition must tell them apart"
+    );
+    // The same refusal gives the same id (a rolled-forward fold).
+    assert_eq!(
+        ids[0],
+        c.rejections[0].to_reject("c1", NOW).unwrap().reject_id
+    );
+}
