@@ -129,8 +129,9 @@ named_enum! {
         /// key hashes to (another partitioner, or a resized topic).
         WrongPartition => "wrong_partition",
         /// Under `wal.sharding = "partition"`: one fold read rows of one id
-        /// from two shards (source partitions); the lowest partition's row
-        /// stays, the others are refused (fold).
+        /// from two shards (source partitions); the row from the id's
+        /// committed partition (a new id's: the lowest) stays, the others
+        /// are refused (fold).
         ShardConflict => "shard_conflict",
     }
 }

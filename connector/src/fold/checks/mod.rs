@@ -10,6 +10,7 @@
 
 mod card;
 mod edges;
+mod home;
 mod nodes;
 mod unique;
 mod view;
@@ -19,7 +20,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use arrow::array::{Array, RecordBatch};
+use arrow::array::RecordBatch;
 
 use super::policy::Policies;
 use super::read::{Read, ReadSet};
@@ -190,23 +191,24 @@ struct TableDecision {
 
 impl Checked {
     /// Rows of an id that one fold read from a second shard (`read`):
-    /// refused as `shard_conflict`; the lowest shard's row is the one the
-    /// other checks saw.
+    /// refused as `shard_conflict`; the kept row (the lowest shard's, or
+    /// after `home::rehome` the committed partition's) is the one the other
+    /// checks saw.
     fn shard_conflicts(&mut self, ty: &GraphType, r: &Read) {
         const WHY: &str = "under wal.sharding = \"partition\" one id must always arrive on one \
-            partition (producers key by the id, with one partitioner); the row of the lowest \
-            partition was kept";
+            partition (producers key by the id, with one partitioner); the row from the id's \
+            committed partition, or for a new id from the lowest partition, was kept";
         let mut refused = Vec::new();
         if let Some(rows) = &r.conflicts.upserts {
             for i in 0..rows.num_rows() {
                 let m =
-                    format!("this id also arrived on a lower partition in the same fold; {WHY}");
+                    format!("this id also arrived on another partition in the same fold; {WHY}");
                 refused.push(Rejection::upsert(ty, rows, i, RejectCode::ShardConflict, m));
             }
         }
         for (id, partition) in &r.conflicts.deletes {
             let m = format!(
-                "this id's delete arrived on partition {partition} and the id also on a lower \
+                "this id's delete arrived on partition {partition} and the id also on another \
                  partition in the same fold; {WHY}"
             );
             let row = serde_json::json!({ ID: id, "_src_partition": partition });
@@ -225,79 +227,6 @@ impl Checked {
         }
         self.changes.entry(ty.table.clone()).or_default().rejected += refused.len() as u64;
         self.rejections.extend(refused);
-    }
-
-    /// Rows of ids whose committed row came from another partition
-    /// (`view.homes`, partition sharding): an id that moved partition
-    /// between folds (two partitioners, a resized topic) would otherwise
-    /// overwrite its row from another shard, in no Kafka order. The
-    /// committed row stays; returns the read without them, and the
-    /// refusals (`shard_conflict`), counted once the table's change exists.
-    fn off_home(
-        ty: &GraphType,
-        r: &Read,
-        homes: &HashMap<String, u32>,
-    ) -> Result<Option<(Read, Vec<Rejection>)>> {
-        const WHY: &str = "under wal.sharding = \"partition\" one id must always arrive on one \
-            partition (producers key by the id, with one partitioner); the committed row stays";
-        let mut refused = Vec::new();
-        let mut upserts_off = Vec::new();
-        if let Some(rows) = &r.upserts {
-            let ids = super::rows::strings(rows, ID)?;
-            let parts = Provenance::partitions(rows)?;
-            for i in 0..rows.num_rows() {
-                let Some(&home) = homes.get(ids.value(i)) else {
-                    continue;
-                };
-                if parts.is_valid(i) && parts.value(i) as u32 != home {
-                    let m = format!(
-                        "this id's committed row came from partition {home} and this row from \
-                         partition {}; {WHY}",
-                        parts.value(i)
-                    );
-                    refused.push(Rejection::upsert(ty, rows, i, RejectCode::ShardConflict, m));
-                    upserts_off.push(i);
-                }
-            }
-        }
-        let mut deletes_off = HashSet::new();
-        for (i, id) in r.deletes.iter().enumerate() {
-            let (Some(&home), Some(&shard)) = (homes.get(id), r.delete_shards.get(i)) else {
-                continue;
-            };
-            if shard != home {
-                let m = format!(
-                    "this id's committed row came from partition {home} and its delete from \
-                     partition {shard}; {WHY}"
-                );
-                let row = serde_json::json!({ ID: id, "_src_partition": shard });
-                let code = RejectCode::ShardConflict;
-                refused.push(Rejection::delete_from(ty, id, row, Some(shard), code, m));
-                deletes_off.insert(i);
-            }
-        }
-        if refused.is_empty() {
-            return Ok(None);
-        }
-        let mut kept = r.clone();
-        if let Some(rows) = &r.upserts {
-            if !upserts_off.is_empty() {
-                let left = super::rows::drop_rows(rows, upserts_off.into_iter())?;
-                kept.upserts = (left.num_rows() > 0).then_some(left);
-            }
-        }
-        if !deletes_off.is_empty() {
-            let keep = |i: &usize| !deletes_off.contains(i);
-            kept.deletes = (0..r.deletes.len())
-                .filter(keep)
-                .map(|i| r.deletes[i].clone())
-                .collect();
-            kept.delete_shards = (0..r.delete_shards.len())
-                .filter(keep)
-                .map(|i| r.delete_shards[i])
-                .collect();
-        }
-        Ok(Some((kept, refused)))
     }
 
     pub fn decision(&self) -> Result<Decision> {
@@ -357,8 +286,14 @@ pub(crate) fn check(ctx: &Ctx) -> Result<Checked> {
         let Some(read) = ctx.read.get(&ty.table) else {
             continue;
         };
-        let homed = match ctx.view.homes.get(&ty.table) {
-            Some(homes) => Checked::off_home(ty, read, homes)?,
+        let homes = ctx.view.homes.get(&ty.table);
+        let rehomed = match homes {
+            Some(homes) => home::rehome(read, homes)?,
+            None => None,
+        };
+        let read = rehomed.as_ref().unwrap_or(read);
+        let homed = match homes {
+            Some(homes) => home::off_home(ty, read, homes)?,
             None => None,
         };
         let (r, off_home) = match &homed {

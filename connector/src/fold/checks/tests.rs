@@ -591,3 +591,80 @@ fn refused_deletes_of_one_id_from_two_partitions_are_two_rejects() {
         c.rejections[0].to_reject("c1", NOW).unwrap().reject_id
     );
 }
+
+#[test]
+fn the_row_from_an_ids_committed_partition_stays_when_a_fold_reads_it_from_several() {
+    // p1 was committed from partition 2, p4 from 1, p5 from 2. The read
+    // kept each id's lowest partition and handed the rest over as conflicts.
+    let mut f = Fold::new().upserts(
+        "Person",
+        &[
+            json!({"id": "p1", "name": "p1", "email": "stray", "_src_partition": 0}),
+            json!({"id": "p5", "name": "p5", "email": "p5", "_src_partition": 0}),
+        ],
+    );
+    let table = "nodes/Person".to_string();
+    {
+        let conflicts = rows(
+            &f.schema,
+            "Person",
+            &[
+                json!({"id": "p1", "name": "p1", "email": "other", "_src_partition": 1}),
+                json!({"id": "p1", "name": "p1", "email": "home", "_src_partition": 2}),
+            ],
+        );
+        let r = f.read.get_mut(&table).unwrap();
+        r.conflicts.upserts = Some(conflicts);
+        r.deletes = vec!["p4".into()];
+        r.delete_shards = vec![0];
+        r.conflicts.deletes = vec![("p4".into(), 1), ("p5".into(), 2)];
+    }
+    f.view.homes.insert(
+        table.clone(),
+        HashMap::from([
+            ("p1".to_string(), 2),
+            ("p4".to_string(), 1),
+            ("p5".to_string(), 2),
+        ]),
+    );
+    let c = f.check();
+    let change = &c.changes[&table];
+    // p1's update from home goes on; p4's and p5's deletes from home too.
+    let kept = change.upserts.as_ref().expect("p1's row from home");
+    assert_eq!(crate::fold::rows::strings(kept, ID).unwrap().value(0), "p1");
+    assert_eq!(crate::fold::rows::str_at(kept, "email", 0).unwrap(), "home");
+    assert_eq!(kept.num_rows(), 1);
+    let mut deletes = change.deletes.clone();
+    deletes.sort();
+    assert_eq!(deletes, ["p4", "p5"]);
+    // Only the rows from other partitions are refused.
+    let mut why: Vec<(String, String)> = c
+        .rejections
+        .iter()
+        .map(|r| {
+            assert_eq!(r.code, ShardConflict);
+            let row = r.to_reject("c1", NOW).unwrap().row.unwrap_or_default();
+            (r.id().unwrap(), row)
+        })
+        .collect();
+    why.sort();
+    assert_eq!(why.len(), 4, "{why:?}");
+    assert!(
+        why[0].0 == "p1" && why[0].1.contains("\"other\""),
+        "{why:?}"
+    );
+    assert!(
+        why[1].0 == "p1" && why[1].1.contains("\"stray\""),
+        "{why:?}"
+    );
+    assert!(
+        why[2].0 == "p4" && why[2].1.contains("\"_src_partition\":0"),
+        "{why:?}"
+    );
+    assert!(
+        why[3].0 == "p5" && why[3].1.contains("\"email\":\"p5\""),
+        "{why:?}"
+    );
+    assert_eq!(change.rejected, 4);
+    assert!(c.rejections.iter().all(|r| !r.message.contains("lower")));
+}
