@@ -498,6 +498,23 @@ impl Graph {
                     ))),
                 }
             }
+            // With the broker's counts (a run), the config must also map
+            // every recorded topic: a member mapping fewer would be given
+            // partition p of one topic without partition p of a topic
+            // co-partitioned with it, and claiming shard p would fence the
+            // member that holds the other (it stops on the split).
+            let missing: Vec<&str> = (record.partitions.keys())
+                .filter(|t| !want.partitions.is_empty() && !want.partitions.contains_key(*t))
+                .map(String::as_str)
+                .collect();
+            if !missing.is_empty() {
+                return Err(incompatible(format!(
+                    "topics [{}] were mapped when the graph was created and are not in this \
+                     config; under partition sharding every member maps every topic the graph \
+                     was created with",
+                    missing.join(", ")
+                )));
+            }
             return Ok(());
         }
         for (table, &n) in &want.counts {

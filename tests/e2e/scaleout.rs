@@ -308,9 +308,9 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
 /// Two topics feed one type: shard p of `Person` needs partition p of both
 /// on one member. With graphsink's `range` the group keeps them together,
 /// so two members split the shards without fencing each other and every
-/// row of both topics lands. A member mapping only one of the topics makes
-/// the group split a shard: the member that would fence stops with a
-/// config error naming both topics, before claiming anything.
+/// row of both topics lands. A member mapping only one of the topics would
+/// make the group split a shard: it is refused at start (the graph records
+/// every topic it was created with), and the other member goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
     use std::sync::atomic::Ordering;
@@ -394,30 +394,44 @@ async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
     b_stop.cancel();
     b.await.unwrap().expect("the second member ends cleanly");
 
-    // A third member maps only the first topic: `range` gives it part of
-    // that topic and none of the other, so the first member would hold p
-    // of the second topic without p of the first.
+    // A third member maps only the first topic: `range` would give it part
+    // of that topic and none of the other, so the first member would hold
+    // p of the second topic without p of the first. It is refused at
+    // start, before it joins the group, and the first member goes on.
     let cfg = std::fs::read_to_string(tg.config_path()).unwrap();
     let second = format!("[[mapping]]\ntopic = \"{tb}\"");
     let cut = cfg.find(&second).expect("the second mapping");
     let narrow = tg.dir.path().join("narrow.toml");
     std::fs::write(&narrow, &cfg[..cut]).unwrap();
     let c_stats = Arc::new(graphsink::RunStats::default());
-    let (c, c_stop) = start_member(graphsink::Config::load(&narrow).unwrap(), c_stats);
-    let ended = tokio::time::timeout(Duration::from_secs(60), a)
+    let (c, _c_stop) = start_member(graphsink::Config::load(&narrow).unwrap(), c_stats.clone());
+    let e = tokio::time::timeout(Duration::from_secs(60), c)
         .await
-        .expect("the first member stops on the split")
-        .unwrap();
-    let e = ended.expect_err("a config error");
+        .expect("the narrow member is refused at start")
+        .unwrap()
+        .expect_err("a config error");
     assert_eq!(e.kind(), graphsink::ErrorKind::BadConfig, "{e}");
     let msg = e.to_string();
     assert!(
-        msg.contains(&ta) && msg.contains(&tb) && msg.contains("nodes/Person"),
+        msg.contains(&tb) && msg.contains("every member maps every topic"),
         "{msg}"
     );
+    assert_eq!(c_stats.consumed.load(Ordering::Relaxed), 0);
+    // The first member still holds every partition and ingests.
+    produce(&ta, &batch("a", last + 1)).await;
+    produce(&tb, &batch("b", last + 1)).await;
+    wait_for(
+        "the first member ingested the round after the refusal",
+        Duration::from_secs(60),
+        || async {
+            let rows = tg.rows("nodes/Person").await;
+            rows.len() == 40 && rows.values().all(|r| r["age"] == json!(last + 1))
+        },
+    )
+    .await;
+    assert!(!a.is_finished(), "the first member stopped");
     a_stop.cancel();
-    c_stop.cancel();
-    c.await.unwrap().expect("the narrow member ends cleanly");
+    a.await.unwrap().expect("the first member ends cleanly");
 }
 
 /// An id whose committed row came from one partition and that arrives
