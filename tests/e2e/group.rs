@@ -20,6 +20,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::harness::*;
 
+/// What the plain member did: records read, and whether it held its
+/// partition from the moment it got it until it stopped (so the member
+/// under test held none of it).
+struct Held {
+    read: u64,
+    kept: bool,
+}
+
 /// A plain member of `group` on `topic`: it polls (keeping its session and
 /// its partitions) until `stop`; it commits what it read only if `commits`.
 /// Returns once it holds a partition, with the thread that keeps polling.
@@ -28,7 +36,7 @@ fn second_member(
     topic: &str,
     commits: bool,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<u64> {
+) -> std::thread::JoinHandle<Held> {
     let (group, topic) = (group.to_string(), topic.to_string());
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || {
@@ -43,6 +51,7 @@ fn second_member(
             .unwrap();
         c.subscribe(&[&topic]).unwrap();
         let mut read = 0u64;
+        let mut kept = true;
         let mut ready = Some(ready_tx);
         while !stop.load(Ordering::Relaxed) {
             if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
@@ -51,13 +60,16 @@ fn second_member(
                     c.commit_message(&m, CommitMode::Sync).unwrap();
                 }
             }
-            if c.assignment().map(|a| a.count()).unwrap_or(0) > 0 {
+            let holds = c.assignment().map(|a| a.count()).unwrap_or(0) > 0;
+            if holds {
                 if let Some(tx) = ready.take() {
                     let _ = tx.send(());
                 }
+            } else if ready.is_none() {
+                kept = false;
             }
         }
-        read
+        Held { read, kept }
     });
     ready_rx
         .recv_timeout(Duration::from_secs(30))
@@ -122,7 +134,8 @@ async fn a_member_without_partitions_while_nobody_consumes_rejoins_then_exits() 
     let started = Instant::now();
     let (status, stderr) = tokio::task::block_in_place(|| run_binary(&tg, Duration::from_secs(90)));
     stop.store(true, Ordering::Relaxed);
-    squatter.join().unwrap();
+    let held = squatter.join().unwrap();
+    assert!(held.kept, "graphsink was given the partition:\n{stderr}");
 
     assert!(
         status.is_some(),
@@ -177,12 +190,23 @@ async fn an_idle_member_of_a_consuming_group_is_not_stalled() {
         );
     }
     run_stop.cancel();
-    run.await.unwrap().expect("the idle member ends cleanly");
+    let summary = run.await.unwrap().expect("the idle member ends cleanly");
+    assert_eq!(summary.records, 0, "the idle member was given records");
+    wait_until(
+        "the other member committed every record",
+        Duration::from_secs(30),
+        || committed(&tg.group, &topic, 1).get(&0) == Some(&(i as i64)),
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
-    let read = tokio::task::spawn_blocking(move || worker.join().unwrap())
+    let held = tokio::task::spawn_blocking(move || worker.join().unwrap())
         .await
         .unwrap();
-    assert!(read > 0, "the other member consumed");
+    assert!(held.kept, "the other member lost the partition");
+    assert_eq!(
+        held.read, i as u64,
+        "the other member consumed every record"
+    );
 }
 
 /// `run --exit-at-end` on a member that holds nothing (more members than
@@ -212,9 +236,12 @@ async fn exit_at_end_without_partitions_ends_once_the_group_is_at_the_end() {
         started.elapsed()
     );
     stop.store(true, Ordering::Relaxed);
-    tokio::task::spawn_blocking(move || worker.join().unwrap())
+    let held = tokio::task::spawn_blocking(move || worker.join().unwrap())
         .await
         .unwrap();
+    // Had graphsink been given the partition (at its end already), it
+    // would also end with 0 records: the other member must have kept it.
+    assert!(held.kept, "graphsink was given the partition");
 }
 
 /// Several instances started together on a fresh root: exactly one
