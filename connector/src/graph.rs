@@ -511,7 +511,7 @@ impl Graph {
                 return Err(incompatible(format!(
                     "topics [{}] were mapped when the graph was created and are not in this \
                      config; under partition sharding every member maps every topic the graph \
-                     was created with",
+                     was created with (the set is fixed: to drop a topic, create a new graph)",
                     missing.join(", ")
                 )));
             }

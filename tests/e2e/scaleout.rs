@@ -547,3 +547,60 @@ async fn an_id_moving_partition_between_folds_is_refused_and_its_row_stays() {
         .iter()
         .all(|m| m.header("graphsink.code").as_deref() == Some("shard_conflict")));
 }
+
+/// One fold reads an id from a lower partition and from the partition its
+/// committed row came from: the home row is the one the checks keep
+/// (`home::rehome`), so it is also the one whose `@unique` tuple the view
+/// must have read. Here the home row claims another node's email: it is
+/// refused as `unique`, the stray row as `shard_conflict`, and the
+/// committed row stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_home_row_of_an_id_read_from_two_partitions_is_checked_for_uniqueness() {
+    crate::init_logs();
+    let tg = TestGraph::with_schema(
+        "node Person { name: String @key  age: I32?  email: String? @unique }",
+        &["node = \"Person\""],
+        "[wal]\nsharding = \"partition\"",
+    );
+    let topic = tg.topics[0].clone();
+    create_topic(&topic, 4).await;
+    let person = |p: i32, name: &str, age: i32, email: &str| {
+        rec(
+            p,
+            Some(name),
+            Some(json!({"name": name, "age": age, "email": email})),
+        )
+    };
+    produce(
+        &topic,
+        &[person(1, "a", 0, "a@x"), person(1, "b", 0, "b@x")],
+    )
+    .await;
+    try_run_to_end(&tg).await.expect("run 1");
+    // a again, from partition 0 (a stray producer) and from its own
+    // partition 1, where it claims b's email.
+    produce(
+        &topic,
+        &[person(0, "a", 5, "a@x"), person(1, "a", 6, "b@x")],
+    )
+    .await;
+    try_run_to_end(&tg).await.expect("run 2");
+
+    let rows = tg.rows("nodes/Person").await;
+    assert_eq!(rows["a"]["age"], json!(0), "{rows:?}");
+    assert_eq!(rows["a"]["email"], json!("a@x"), "{rows:?}");
+    assert_eq!(rows["b"]["email"], json!("b@x"), "{rows:?}");
+    let mut got: Vec<(String, i64)> = rejects_at_head(&tg)
+        .await
+        .iter()
+        .map(|r| {
+            let code = r["code"].as_str().unwrap().to_string();
+            (code, r["partition"].as_i64().unwrap_or(-1))
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [("shard_conflict".to_string(), 0), ("unique".to_string(), 1)]
+    );
+}

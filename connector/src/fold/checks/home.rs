@@ -77,7 +77,14 @@ pub(super) fn rehome(r: &Read, homes: &HashMap<String, u32>) -> Result<Option<Re
             .map(|b| pick(b, &down_up.iter().copied().collect()))
             .transpose()?,
     )?;
-    let shard = |i: usize| r.delete_shards.get(i).copied().unwrap_or_default();
+    if r.delete_shards.len() != r.deletes.len() {
+        return Err(crate::error::Error::Corrupt(format!(
+            "{} deletes with {} shards",
+            r.deletes.len(),
+            r.delete_shards.len()
+        )));
+    }
+    let shard = |i: usize| r.delete_shards[i];
     let stay = |i: &usize| !down_del.contains(i);
     let (mut deletes, mut shards): (Vec<String>, Vec<u32>) = (0..r.deletes.len())
         .filter(stay)

@@ -20,11 +20,11 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, RecordBatch};
 
 use super::policy::Policies;
 use super::read::{Read, ReadSet};
-use super::rows::{str_at, RowRef};
+use super::rows::{str_at, strings, RowRef};
 use crate::error::Result;
 use crate::rejects::{FoldRefusal, Reject, RejectCode};
 use crate::schema::{pending_table, row_json, GraphSchema, GraphType, Provenance, ID};
@@ -184,7 +184,10 @@ pub(crate) struct Decision {
 
 #[derive(Debug, PartialEq, Eq)]
 struct TableDecision {
-    upserts: BTreeSet<String>,
+    /// Each written id with the partition its row came from: under
+    /// partition sharding the same ids can be written from different
+    /// partitions' rows (`home::rehome` follows the head's homes).
+    upserts: BTreeSet<(String, Option<i32>)>,
     deletes: BTreeSet<String>,
     replace: Option<BTreeSet<String>>,
 }
@@ -240,7 +243,7 @@ impl Checked {
                 None => None,
             };
             let d = TableDecision {
-                upserts: ids(c.upserts.as_ref())?,
+                upserts: written(c.upserts.as_ref())?,
                 deletes: c.deletes.iter().cloned().collect(),
                 replace,
             };
@@ -253,6 +256,20 @@ impl Checked {
             .collect::<Result<_>>()?;
         Ok(Decision { rejected, tables })
     }
+}
+
+/// (id, source partition) of each row of `rows`.
+fn written(rows: Option<&RecordBatch>) -> Result<BTreeSet<(String, Option<i32>)>> {
+    let Some(rows) = rows else {
+        return Ok(BTreeSet::new());
+    };
+    let (ids, parts) = (strings(rows, ID)?, Provenance::partitions(rows)?);
+    Ok((0..rows.num_rows())
+        .map(|i| {
+            let p = parts.is_valid(i).then(|| parts.value(i));
+            (ids.value(i).to_string(), p)
+        })
+        .collect())
 }
 
 /// What the checks read besides the rows: the schema, the policies, the

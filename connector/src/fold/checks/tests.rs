@@ -585,11 +585,14 @@ fn refused_deletes_of_one_id_from_two_partitions_are_two_rejects() {
         ids[0], ids[1],
         "deletes carry no offset: the partition must tell them apart"
     );
-    // The same refusal gives the same id (a rolled-forward fold).
-    assert_eq!(
-        ids[0],
-        c.rejections[0].to_reject("c1", NOW).unwrap().reject_id
-    );
+    // The same fold checked again gives the same ids (a rolled-forward fold).
+    let again: Vec<String> = f
+        .check()
+        .rejections
+        .iter()
+        .map(|r| r.to_reject("c1", NOW).unwrap().reject_id)
+        .collect();
+    assert_eq!(ids, again);
 }
 
 #[test]
@@ -611,12 +614,13 @@ fn the_row_from_an_ids_committed_partition_stays_when_a_fold_reads_it_from_sever
             &[
                 json!({"id": "p1", "name": "p1", "email": "other", "_src_partition": 1}),
                 json!({"id": "p1", "name": "p1", "email": "home", "_src_partition": 2}),
+                json!({"id": "p6", "name": "p6", "email": "p6", "_src_partition": 3}),
             ],
         );
         let r = f.read.get_mut(&table).unwrap();
         r.conflicts.upserts = Some(conflicts);
-        r.deletes = vec!["p4".into()];
-        r.delete_shards = vec![0];
+        r.deletes = vec!["p4".into(), "p6".into()];
+        r.delete_shards = vec![0, 1];
         r.conflicts.deletes = vec![("p4".into(), 1), ("p5".into(), 2)];
     }
     f.view.homes.insert(
@@ -625,15 +629,26 @@ fn the_row_from_an_ids_committed_partition_stays_when_a_fold_reads_it_from_sever
             ("p1".to_string(), 2),
             ("p4".to_string(), 1),
             ("p5".to_string(), 2),
+            ("p6".to_string(), 3),
         ]),
     );
     let c = f.check();
     let change = &c.changes[&table];
-    // p1's update from home goes on; p4's and p5's deletes from home too.
-    let kept = change.upserts.as_ref().expect("p1's row from home");
-    assert_eq!(crate::fold::rows::strings(kept, ID).unwrap().value(0), "p1");
-    assert_eq!(crate::fold::rows::str_at(kept, "email", 0).unwrap(), "home");
-    assert_eq!(kept.num_rows(), 1);
+    // p1's and p6's updates from home go on; p4's and p5's deletes too.
+    let kept = change
+        .upserts
+        .as_ref()
+        .expect("p1's and p6's rows from home");
+    let emails: std::collections::BTreeMap<String, String> = (0..kept.num_rows())
+        .map(|i| {
+            let id = crate::fold::rows::str_at(kept, ID, i).unwrap();
+            (id, crate::fold::rows::str_at(kept, "email", i).unwrap())
+        })
+        .collect();
+    assert_eq!(
+        emails,
+        [("p1".into(), "home".into()), ("p6".into(), "p6".into())].into()
+    );
     let mut deletes = change.deletes.clone();
     deletes.sort();
     assert_eq!(deletes, ["p4", "p5"]);
@@ -648,23 +663,40 @@ fn the_row_from_an_ids_committed_partition_stays_when_a_fold_reads_it_from_sever
         })
         .collect();
     why.sort();
-    assert_eq!(why.len(), 4, "{why:?}");
-    assert!(
-        why[0].0 == "p1" && why[0].1.contains("\"other\""),
-        "{why:?}"
-    );
-    assert!(
-        why[1].0 == "p1" && why[1].1.contains("\"stray\""),
-        "{why:?}"
-    );
-    assert!(
-        why[2].0 == "p4" && why[2].1.contains("\"_src_partition\":0"),
-        "{why:?}"
-    );
-    assert!(
-        why[3].0 == "p5" && why[3].1.contains("\"email\":\"p5\""),
-        "{why:?}"
-    );
-    assert_eq!(change.rejected, 4);
+    assert_eq!(why.len(), 5, "{why:?}");
+    let at = |k: usize, id: &str, has: &str| {
+        assert!(why[k].0 == id && why[k].1.contains(has), "{k}: {why:?}")
+    };
+    at(0, "p1", "\"other\"");
+    at(1, "p1", "\"stray\"");
+    at(2, "p4", "\"_src_partition\":0");
+    at(3, "p5", "\"email\":\"p5\"");
+    at(4, "p6", "\"_src_partition\":1");
+    assert_eq!(change.rejected, 5);
     assert!(c.rejections.iter().all(|r| !r.message.contains("lower")));
+}
+
+#[test]
+fn a_recheck_that_keeps_another_partitions_row_is_another_decision() {
+    // p1 read from partitions 0 and 2. New at the parent, the lowest
+    // partition's row is kept; at a head where p1's home is 2, partition
+    // 2's. Same ids written and refused, different rows: a rebase must
+    // not take one for the other.
+    let mut f = Fold::new().upserts(
+        "Person",
+        &[json!({"id": "p1", "name": "p1", "email": "low", "_src_partition": 0})],
+    );
+    let table = "nodes/Person".to_string();
+    f.read.get_mut(&table).unwrap().conflicts.upserts = Some(rows(
+        &f.schema,
+        "Person",
+        &[json!({"id": "p1", "name": "p1", "email": "home", "_src_partition": 2})],
+    ));
+    let at_parent = f.check().decision().unwrap();
+    f.view
+        .homes
+        .insert(table, HashMap::from([("p1".to_string(), 2)]));
+    let at_head = f.check().decision().unwrap();
+    assert_ne!(at_parent, at_head);
+    assert_eq!(at_head, f.check().decision().unwrap());
 }

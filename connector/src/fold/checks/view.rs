@@ -184,20 +184,28 @@ impl ViewReader<'_> {
         Ok(())
     }
 
-    /// A node table's committed `@unique` tuples; notes its deletes.
+    /// A node table's committed `@unique` tuples; notes its deletes. The
+    /// rows and deletes of ids read from a second partition count too:
+    /// `home::rehome` may keep one of them instead of the lowest
+    /// partition's (partition sharding), and the view is read before the
+    /// checks decide. Entries no kept row uses change nothing.
     async fn node_table(&mut self, ty: &GraphType) -> Result<()> {
         let Some(r) = self.read.get(&ty.table) else {
             return Ok(());
         };
-        if let (Some(rows), Some(v)) = (&r.upserts, self.at(&ty.table)) {
-            if !ty.constraints.uniques.is_empty() {
-                let held = read_uniques(self.graph, ty, v, &[rows]).await?;
+        let claims: Vec<&RecordBatch> = r.upserts.iter().chain(&r.conflicts.upserts).collect();
+        if let Some(v) = self.at(&ty.table) {
+            if !claims.is_empty() && !ty.constraints.uniques.is_empty() {
+                let held = read_uniques(self.graph, ty, v, &claims).await?;
                 self.view.uniques.insert(ty.table.clone(), held);
             }
         }
-        if !r.deletes.is_empty() {
-            self.deleted
-                .insert(ty.name.clone(), r.deletes.iter().cloned().collect());
+        let deleted: HashSet<String> = (r.deletes.iter())
+            .chain(r.conflicts.deletes.iter().map(|(id, _)| id))
+            .cloned()
+            .collect();
+        if !deleted.is_empty() {
+            self.deleted.insert(ty.name.clone(), deleted);
         }
         Ok(())
     }
