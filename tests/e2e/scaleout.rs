@@ -604,3 +604,61 @@ async fn the_home_row_of_an_id_read_from_two_partitions_is_checked_for_uniquenes
         [("shard_conflict".to_string(), 0), ("unique".to_string(), 1)]
     );
 }
+
+/// As above, with a delete: one fold reads node `a` upserted from a lower
+/// partition and deleted from its home partition. The home delete is the
+/// one kept, so the view must have read the committed edges that reference
+/// `a`: under `on_delete_referenced = "reject"` the delete is refused
+/// (`referenced`) and no edge is left pointing at a deleted node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_home_delete_of_an_id_read_from_two_partitions_sees_its_edges() {
+    crate::init_logs();
+    let tg = TestGraph::with_schema(
+        "node Person { name: String @key  age: I32? }\nedge Knows: Person -> Person",
+        &["node = \"Person\"", "edge = \"Knows\""],
+        "[wal]\nsharding = \"partition\"",
+    );
+    let (people, knows) = (tg.topics[0].clone(), tg.topics[1].clone());
+    create_topic(&people, 4).await;
+    create_topic(&knows, 1).await;
+    let person =
+        |p: i32, name: &str, age: i32| rec(p, Some(name), Some(json!({"name": name, "age": age})));
+    produce(&people, &[person(1, "a", 0), person(1, "b", 0)]).await;
+    try_run_to_end(&tg).await.expect("run 1");
+    produce(
+        &knows,
+        &[rec(0, None, Some(json!({"src": "a", "dst": "b"})))],
+    )
+    .await;
+    try_run_to_end(&tg).await.expect("run 2");
+    assert_eq!(tg.rows("edges/Knows").await.len(), 1);
+    // a again, from partition 0 (a stray producer), then deleted from its
+    // own partition 1.
+    produce(&people, &[person(0, "a", 5), rec(1, Some("a"), None)]).await;
+    try_run_to_end(&tg).await.expect("run 3");
+
+    let rows = tg.rows("nodes/Person").await;
+    assert_eq!(
+        rows.get("a").map(|r| r["age"].clone()),
+        Some(json!(0)),
+        "{rows:?}"
+    );
+    let edges = tg.rows("edges/Knows").await;
+    assert_eq!(edges.len(), 1, "{edges:?}");
+    let mut got: Vec<(String, i64)> = rejects_at_head(&tg)
+        .await
+        .iter()
+        .map(|r| {
+            let code = r["code"].as_str().unwrap().to_string();
+            (code, r["partition"].as_i64().unwrap_or(-1))
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("referenced".to_string(), -1),
+            ("shard_conflict".to_string(), 0)
+        ]
+    );
+}
