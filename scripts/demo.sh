@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The end-to-end demo: start a throwaway broker, produce the sample people and
+# The end-to-end demo: start a throwaway Apache Kafka broker, produce the sample people and
 # companies, sink them into a graph, fold it and show the result.
 #   bash scripts/demo.sh
 # GRAPHSINK_DEMO_DIR  work dir holding the graph (default: <repo>/demo-data; wiped first)
-# GRAPHSINK_TEST_BROKER=host:port  use that broker instead of starting tansu
+# GRAPHSINK_TEST_BROKER=host:port  use that broker instead of starting Apache Kafka
+# GRAPHSINK_TEST_BROKER_BACKEND=tansu  start tansu 0.6 instead (built once, ~13 minutes)
 set -euo pipefail
 caller_dir="$PWD"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -3,12 +3,20 @@
 # Every function is safe under `set -euo pipefail`.
 #
 #   ensure_build_deps   install protoc, a C toolchain, OpenSSL headers (apt)
+#   ensure_kafka        resolve Apache Kafka 4.4.0's jars with Maven (scripts/kafka/pom.xml)
+#                       into $GRAPHSINK_CACHE/kafka-4.4.0/libs once; sets KAFKA_LIBS
+#   start_kafka         format a KRaft storage dir and start kafka.Kafka on free
+#                       loopback ports; sets GRAPHSINK_TEST_BROKER
+#   stop_kafka          stop it by its PID (idempotent)
 #   ensure_tansu        install the tansu 0.6.0 test broker once; sets TANSU_BIN
-#   use_broker          GRAPHSINK_TEST_BROKER if set; none with
-#                       GRAPHSINK_TEST_BROKER_BACKEND=containers (the tests
-#                       start Kafka in a container); else ensure_tansu + start_broker
-#   start_broker        start tansu on a free loopback port; sets GRAPHSINK_TEST_BROKER
-#   stop_broker         stop it again (idempotent; callers: `trap stop_broker EXIT`)
+#   start_tansu         start tansu on a free loopback port; sets GRAPHSINK_TEST_BROKER
+#   use_broker          GRAPHSINK_TEST_BROKER if set; else the backend
+#                       GRAPHSINK_TEST_BROKER_BACKEND names: kafka (the default:
+#                       ensure_kafka + start_kafka), tansu (ensure_tansu +
+#                       start_tansu), or containers (the tests start Kafka in a
+#                       container)
+#   stop_broker         stop whichever broker use_broker started (idempotent;
+#                       callers: `trap stop_broker EXIT`)
 #   ensure_moto         install moto's S3 server into a venv once; sets MOTO_BIN
 #   use_s3              GRAPHSINK_TEST_S3 if set, else ensure_moto + start_s3
 #   start_s3            start moto on a free loopback port, create the test
@@ -35,6 +43,10 @@ MOTO_VERSION=5.2.1
 MOTO_VENV="$GRAPHSINK_CACHE/moto-venv"
 S3_TEST_BUCKET=graphsink-test   # testkit/src/s3.rs TEST_BUCKET
 TANSU_ROOT="$GRAPHSINK_CACHE/tansu-$TANSU_VERSION"
+KAFKA_VERSION=4.4.0             # scripts/kafka/pom.xml; testkit/src/kafka.rs
+KAFKA_ROOT="$GRAPHSINK_CACHE/kafka-$KAFKA_VERSION"
+# The broker JVM's heap (docs/kafka.md has the measurement behind it).
+GRAPHSINK_KAFKA_HEAP="${GRAPHSINK_KAFKA_HEAP:--Xms256m -Xmx1g}"
 
 log() { printf '[graphsink] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -75,16 +87,42 @@ ensure_tansu() {
     fi
 }
 
+# Apache Kafka's own jars from Maven Central, once per machine. The Rust
+# testkit (testkit/src/kafka.rs) starts brokers from the same folder.
+ensure_kafka() {
+    export KAFKA_LIBS="$KAFKA_ROOT/libs"
+    [ -e "$KAFKA_ROOT/.complete" ] && return 0
+    have java || die "java not found: Apache Kafka $KAFKA_VERSION needs Java 17 (the polyglot machine has it), or set GRAPHSINK_TEST_BROKER=host:port"
+    have mvn || die "mvn not found: the test broker needs Maven Central (the polyglot machine) or GRAPHSINK_TEST_BROKER=host:port"
+    log "resolving Apache Kafka $KAFKA_VERSION with Maven into $KAFKA_ROOT (once per machine)"
+    mkdir -p "$GRAPHSINK_CACHE"
+    local started; started="$(_now_ms)"
+    # shellcheck disable=SC2016
+    flock "$GRAPHSINK_CACHE/kafka-install.lock" bash -c '
+        [ -e "$1/.complete" ] && exit 0
+        rm -rf "$1" && mkdir -p "$1" &&
+            mvn -q -B -f "$2" dependency:copy-dependencies -DincludeScope=runtime \
+                -DoutputDirectory="$1/libs" </dev/null >"$1/mvn.log" 2>&1 &&
+            touch "$1/.complete"
+    ' _ "$KAFKA_ROOT" "$GRAPHSINK_REPO/scripts/kafka/pom.xml" || {
+        tail -n 30 "$KAFKA_ROOT/mvn.log" >&2 || true
+        die "could not resolve Apache Kafka $KAFKA_VERSION from Maven Central: the test broker needs Maven Central (the polyglot machine) or GRAPHSINK_TEST_BROKER=host:port"
+    }
+    log "Apache Kafka $KAFKA_VERSION resolved in $(($(_now_ms) - started)) ms ($(find "$KAFKA_LIBS" -name '*.jar' | wc -l) jars)"
+}
+
 # Uses the broker the user gave in GRAPHSINK_TEST_BROKER, or starts a private one.
 use_broker() {
     if [ -n "${GRAPHSINK_TEST_BROKER:-}" ]; then
         log "using external broker GRAPHSINK_TEST_BROKER=$GRAPHSINK_TEST_BROKER (starting none)"
-    elif [ "${GRAPHSINK_TEST_BROKER_BACKEND:-tansu}" = containers ]; then
-        log "broker backend: Kafka in a container (the tests start it; needs Docker and --features graphsink-testkit/containers)"
-    else
-        ensure_tansu
-        start_broker
+        return 0
     fi
+    case "${GRAPHSINK_TEST_BROKER_BACKEND:-kafka}" in
+        kafka) ensure_kafka; start_kafka ;;
+        tansu) ensure_tansu; start_tansu ;;
+        containers) log "broker backend: Kafka in a container (the tests start it; needs Docker and --features graphsink-testkit/containers)" ;;
+        *) die "GRAPHSINK_TEST_BROKER_BACKEND=${GRAPHSINK_TEST_BROKER_BACKEND}: expected kafka (the default), tansu or containers" ;;
+    esac
 }
 
 _now_ms() { local t="${EPOCHREALTIME//[.,]/}"; echo $((t / 1000)); }  # bash >= 5
@@ -102,8 +140,8 @@ _alive() {
     [ -n "$state" ] && [ "$state" != Z ]
 }
 
-start_broker() {
-    [ -z "${_GS_BROKER_PID:-}" ] || die "start_broker: a broker is already running (pid $_GS_BROKER_PID)"
+start_tansu() {
+    [ -z "${_GS_BROKER_PID:-}" ] || die "start_tansu: a broker is already running (pid $_GS_BROKER_PID)"
     : "${TANSU_BIN:?run ensure_tansu first}"
     local port url dir deadline started
     port="$(_free_port)"
@@ -164,11 +202,78 @@ _stop_server() {
     return 0
 }
 
+# Formats a KRaft storage directory (--standalone: this node is the whole
+# controller quorum) and starts kafka.Kafka on two free loopback ports (the
+# client listener and the controller). Ready = a metadata request answers.
+start_kafka() {
+    [ -z "${_GS_BROKER_PID:-}" ] || die "start_kafka: a broker is already running (pid $_GS_BROKER_PID)"
+    : "${KAFKA_LIBS:?run ensure_kafka first}"
+    local port cport dir deadline started cp
+    port="$(_free_port)"
+    cport="$(_free_port)"
+    dir="$(mktemp -d "${TMPDIR:-/tmp}/graphsink-kafka.XXXXXX")"
+    _GS_BROKER_DIR="$dir"
+    _GS_BROKER_LOG="$dir/kafka.log"
+    started="$(_now_ms)"
+    sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@LOG_DIR@|$dir/data|g" \
+        "$GRAPHSINK_REPO/scripts/kafka/server.properties" >"$dir/server.properties"
+    cp="$KAFKA_LIBS/*"
+    local java_opts=(-Dlog4j2.configurationFile="$GRAPHSINK_REPO/scripts/kafka/log4j2.yaml")
+    java "${java_opts[@]}" -cp "$cp" kafka.tools.StorageTool format --standalone \
+        --cluster-id "$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null)" \
+        --config "$dir/server.properties" </dev/null >"$_GS_BROKER_LOG" 2>&1 ||
+        _broker_failed "kafka-storage format failed"
+    # shellcheck disable=SC2016,SC2086  # the heap options are split on purpose
+    setsid bash -c 'echo "$$" >"$1"; shift; exec "$@"' _ "$dir/pid" \
+        java $GRAPHSINK_KAFKA_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+        "${java_opts[@]}" -cp "$cp" kafka.Kafka "$dir/server.properties" \
+        </dev/null >>"$_GS_BROKER_LOG" 2>&1 &
+    _GS_BROKER_LAUNCHER=$!
+    deadline=$((SECONDS + 60))
+    while [ ! -s "$dir/pid" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
+    _GS_BROKER_PID="$(cat "$dir/pid" 2>/dev/null || true)"
+    [ -n "$_GS_BROKER_PID" ] || _broker_failed "the broker process did not start"
+    until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && _kafka_answers "127.0.0.1:$port"; do
+        _alive "$_GS_BROKER_PID" || _broker_failed "kafka exited during startup"
+        [ "$SECONDS" -lt "$deadline" ] || _broker_failed "kafka not ready on 127.0.0.1:$port after 60 s"
+        sleep 0.2
+    done
+    export GRAPHSINK_TEST_BROKER="127.0.0.1:$port"
+    log "Apache Kafka $KAFKA_VERSION broker ready at $GRAPHSINK_TEST_BROKER in $(($(_now_ms) - started)) ms (pid $_GS_BROKER_PID, log $_GS_BROKER_LOG)"
+}
+
+# An ApiVersions request (v0) that gets a reply with error code 0: the broker
+# answers Kafka requests, not just TCP.
+_kafka_answers() {
+    python3 - "$1" <<'PY' 2>/dev/null
+import socket, struct, sys
+host, port = sys.argv[1].rsplit(":", 1)
+s = socket.create_connection((host, int(port)), timeout=2)
+client = b"graphsink-probe"
+body = struct.pack(">hhih", 18, 0, 1, len(client)) + client  # ApiVersions v0
+s.sendall(struct.pack(">i", len(body)) + body)
+def read(n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise SystemExit(1)
+        b += c
+    return b
+size, = struct.unpack(">i", read(4))
+reply = read(size)
+corr, err = struct.unpack(">ih", reply[:6])
+sys.exit(0 if corr == 1 and err == 0 else 1)
+PY
+}
+
+stop_kafka() { stop_broker; }
+
 # Idempotent and never fails, so it is safe in an EXIT trap (it keeps the
 # caller's exit status).
 stop_broker() {
     local pid="${_GS_BROKER_PID:-}"
-    _stop_server tansu "$pid" "${_GS_BROKER_LAUNCHER:-}" "${_GS_BROKER_DIR:-}"
+    _stop_server broker "$pid" "${_GS_BROKER_LAUNCHER:-}" "${_GS_BROKER_DIR:-}"
     [ -z "$pid" ] || unset GRAPHSINK_TEST_BROKER   # only if it was ours
     _GS_BROKER_PID="" _GS_BROKER_LAUNCHER="" _GS_BROKER_DIR=""
     return 0

@@ -1,11 +1,12 @@
-//! The broker under test: a private tansu on a free loopback port (the
-//! default), or any broker the user names. Owns the tansu child process and
-//! nothing else; starting tansu itself is graphsink-testkit's job, shared
-//! with the e2e tests.
+//! The broker under test: a private Apache Kafka on free loopback ports
+//! (the default), tansu 0.6 (`--broker-backend tansu`, the figures of the
+//! first rounds), or any broker the user names. Owns the broker process and
+//! nothing else; starting it is graphsink-testkit's job, shared with the e2e
+//! tests and the chaos harness.
 
 use std::path::PathBuf;
 
-use graphsink_testkit::Tansu;
+use graphsink_testkit::{BrokerBackend, TestBroker};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -14,42 +15,47 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub struct Broker {
     pub bootstrap: String,
-    /// Dropping it kills and reaps tansu; `None` for an external broker.
-    _tansu: Option<Tansu>,
+    /// What runs it, for the report ("Apache Kafka 4.4.0 (KRaft) at ...").
+    pub describe: String,
+    /// Dropping it kills the broker; `None` for an external broker.
+    private: Option<TestBroker>,
 }
 
 impl Broker {
     pub fn external(bootstrap: String) -> Broker {
         Broker {
+            describe: bootstrap.clone(),
             bootstrap,
-            _tansu: None,
+            private: None,
         }
     }
 
-    /// Starts tansu with memory storage, as scripts/lib.sh does, logging to
-    /// `log_dir/tansu.log`, and waits until a metadata request succeeds.
-    pub fn start_tansu(
-        bin: Option<PathBuf>,
+    /// Starts a private broker of `backend` ("kafka" or "tansu"), logging to
+    /// `log_dir/broker.log`, and waits until a metadata request succeeds.
+    pub fn start(
+        backend: &str,
+        tansu_bin: Option<PathBuf>,
         log_dir: &std::path::Path,
     ) -> Result<Broker, BoxError> {
-        let bin = bin.unwrap_or_else(graphsink_testkit::tansu::default_bin);
-        if !bin.exists() {
-            return Err(format!(
-                "tansu not found at {} (run `source scripts/lib.sh && ensure_tansu`, or pass --broker)",
-                bin.display()
-            )
-            .into());
-        }
-        let tansu = Tansu::start(Some(bin), Some(&log_dir.join("tansu.log")))?;
+        let backend = match backend {
+            "kafka" => BrokerBackend::Kafka,
+            "tansu" => BrokerBackend::Tansu(
+                tansu_bin.unwrap_or_else(graphsink_testkit::tansu::default_bin),
+            ),
+            other => return Err(format!("--broker-backend {other}: expected kafka or tansu").into()),
+        };
+        let b = TestBroker::start(&backend, Some(&log_dir.join("broker.log")))
+            .map_err(|e| format!("{e} (or pass --broker)"))?;
         Ok(Broker {
-            bootstrap: tansu.bootstrap.clone(),
-            _tansu: Some(tansu),
+            bootstrap: b.bootstrap.clone(),
+            describe: format!("{} at {}", backend.describe(), b.bootstrap),
+            private: Some(b),
         })
     }
 
-    /// tansu's pid (None for an external broker), for its CPU time.
+    /// The broker's pid (None for an external broker), for its CPU time.
     pub fn pid(&self) -> Option<u32> {
-        self._tansu.as_ref().map(Tansu::pid)
+        self.private.as_ref().and_then(TestBroker::pid)
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), BoxError> {

@@ -37,9 +37,13 @@ use workload::Shape;
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark graphsink against a bare consumer and a direct Lance load")]
 struct Args {
-    /// Use this broker (host:port) instead of starting tansu.
+    /// Use this broker (host:port) instead of starting one.
     #[arg(long)]
     broker: Option<String>,
+    /// The private broker to start: `kafka` (Apache Kafka 4.4, KRaft, from
+    /// scripts/lib.sh's ensure_kafka) or `tansu` (the first rounds' broker).
+    #[arg(long, default_value = "kafka")]
+    broker_backend: String,
     /// The tansu binary (default ~/.cache/graphsink/tansu-0.6.0/bin/tansu).
     #[arg(long)]
     tansu_bin: Option<PathBuf>,
@@ -345,7 +349,7 @@ async fn run(a: Args) -> Result<(), BoxError> {
 async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
     let broker = match &a.broker {
         Some(b) => Broker::external(b.clone()),
-        None => Broker::start_tansu(a.tansu_bin.clone(), dir)?,
+        None => Broker::start(&a.broker_backend, a.tansu_bin.clone(), dir)?,
     };
     let s3 = if a.s3 || a.s3_endpoint.is_some() {
         let s = S3Bench::start(
@@ -416,6 +420,8 @@ struct Run {
     every: Duration,
     /// The broker's pid when the bench started it (its CPU is reported).
     broker_pid: Option<u32>,
+    /// Which broker ran it, for the report.
+    broker_describe: String,
 }
 
 impl Run {
@@ -479,6 +485,7 @@ impl Run {
             run_id,
             every: Duration::from_millis(a.sample_ms),
             broker_pid: broker.pid(),
+            broker_describe: broker.describe.clone(),
         })
     }
 
@@ -511,11 +518,7 @@ impl Run {
             } else {
                 "release"
             },
-            broker: if a.broker.is_some() {
-                t.bootstrap.clone()
-            } else {
-                format!("tansu 0.6.0 memory at {}", t.bootstrap)
-            },
+            broker: self.broker_describe.clone(),
             workload: serde_json::json!({
                 "records": a.records, "node_records": self.nodes, "edge_records": self.edges,
                 "keys": shape.keys, "edge_keys": if self.has_edges() { shape.edge_keys } else { 0 },
@@ -879,7 +882,7 @@ mod tests {
             "--in-process",
         ];
         // scripts/test.sh's broker when there is one; else the bench starts
-        // its own tansu (and fails saying how to install it).
+        // its own Apache Kafka (and fails saying how to install it).
         let broker = std::env::var("GRAPHSINK_TEST_BROKER").ok();
         if let Some(b) = &broker {
             argv.extend(["--broker", b.as_str()]);

@@ -111,7 +111,7 @@ fn snapshot(broker: Option<u32>) -> HashMap<(u32, u64), (String, Sched)> {
                 let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
                 group_of(comm.trim())
             } else {
-                "broker (tansu, all threads)".to_string()
+                "broker (all threads)".to_string()
             };
             out.insert((pid, tid), (name, sched));
         }

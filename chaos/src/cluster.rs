@@ -1,4 +1,5 @@
-//! The parts a chaos run breaks: the main broker (memory storage, or
+//! The parts a chaos run breaks: the main broker (Apache Kafka, whose
+//! restart keeps its log directory; or tansu with memory storage, or
 //! `s3://` storage on a moto server so a restart keeps its data), a second
 //! broker holding only the dead-letter topic (so the dead-letter topic can
 //! be taken away without taking the source topics), and the `graphsink run`
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use graphsink_testkit::{S3Server, Tansu, TansuOptions};
+use graphsink_testkit::{BrokerBackend, S3Server, TansuOptions, TestBroker};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -18,22 +19,29 @@ use crate::check::Res;
 
 pub struct Broker {
     pub bootstrap: String,
-    tansu: Option<Tansu>,
-    bin: PathBuf,
-    log: PathBuf,
-    opts: TansuOptions,
+    inner: TestBroker,
     _s3: Option<S3Server>,
 }
 
 impl Broker {
-    /// A memory-storage tansu on a free port.
-    pub fn memory(bin: &Path, log: PathBuf) -> Res<Broker> {
-        Broker::start(bin, log, TansuOptions::default(), None)
+    /// A broker whose restart may lose its data: Apache Kafka (which
+    /// keeps it anyway), or a memory-storage tansu.
+    pub fn memory(backend: &BrokerBackend, log: PathBuf) -> Res<Broker> {
+        let inner = TestBroker::start(backend, Some(&log))?;
+        Ok(Broker {
+            bootstrap: inner.bootstrap.clone(),
+            inner,
+            _s3: None,
+        })
     }
 
-    /// A tansu whose topics, offsets and groups live in a bucket of a
-    /// private moto S3 server, so a restart keeps them.
-    pub fn persistent(bin: &Path, moto: Option<PathBuf>, log: PathBuf) -> Res<Broker> {
+    /// A broker whose restart keeps its topics, offsets and groups: Apache
+    /// Kafka keeps its log directory; tansu needs its storage in a bucket
+    /// of a private moto S3 server.
+    pub fn persistent(backend: &BrokerBackend, moto: Option<PathBuf>, log: PathBuf) -> Res<Broker> {
+        if *backend == BrokerBackend::Kafka {
+            return Broker::memory(backend, log);
+        }
         let s3 = S3Server::start(moto)?;
         graphsink_testkit::s3::create_bucket(&s3.endpoint, "tansu")?;
         let opts = TansuOptions {
@@ -57,58 +65,36 @@ impl Broker {
                 ("AWS_REGION".into(), graphsink_testkit::s3::REGION.into()),
             ],
         };
-        Broker::start(bin, log, opts, Some(s3))
-    }
-
-    fn start(
-        bin: &Path,
-        log: PathBuf,
-        mut opts: TansuOptions,
-        s3: Option<S3Server>,
-    ) -> Res<Broker> {
-        let tansu = Tansu::start_with(Some(bin.to_path_buf()), Some(&log), &opts)?;
-        opts.port = Some(tansu.port());
+        let inner = TestBroker::start_with(backend, Some(&log), opts)?;
         Ok(Broker {
-            bootstrap: tansu.bootstrap.clone(),
-            tansu: Some(tansu),
-            bin: bin.to_path_buf(),
-            log,
-            opts,
-            _s3: s3,
+            bootstrap: inner.bootstrap.clone(),
+            inner,
+            _s3: Some(s3),
         })
     }
 
-    /// Whether a restart keeps the topics (`s3://` storage).
+    /// Whether this is the opt-in tansu backend.
+    pub fn is_tansu(&self) -> bool {
+        matches!(self.inner.backend, BrokerBackend::Tansu(_))
+    }
+
+    /// Whether a restart keeps the topics.
     pub fn restartable(&self) -> bool {
-        self._s3.is_some()
+        self.inner.restartable()
     }
 
     /// SIGSTOP: the broker keeps its sockets open and answers nothing.
     pub fn freeze(&self) {
-        self.signal(libc::SIGSTOP);
+        self.inner.freeze();
     }
 
     pub fn thaw(&self) {
-        self.signal(libc::SIGCONT);
-    }
-
-    fn signal(&self, sig: i32) {
-        if let Some(t) = &self.tansu {
-            // SAFETY: kill(2) on our own child's pid; no memory is touched.
-            unsafe { libc::kill(t.pid() as i32, sig) };
-        }
+        self.inner.thaw();
     }
 
     /// kill -9, then a start on the same port and storage.
     pub fn restart(&mut self, down_for: Duration) -> Res<()> {
-        drop(self.tansu.take()); // kill -9 and reap
-        std::thread::sleep(down_for);
-        self.tansu = Some(Tansu::start_with(
-            Some(self.bin.clone()),
-            Some(&self.log),
-            &self.opts,
-        )?);
-        Ok(())
+        self.inner.restart(down_for)
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) -> Res<()> {

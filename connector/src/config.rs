@@ -324,6 +324,12 @@ pub struct OffsetSettings {
     /// group (and, a second time, exits). Unset: twice `session.timeout.ms`.
     #[serde(default, with = "humantime_serde::option")]
     pub stall_timeout: Option<Duration>,
+    /// `run --exit-at-end` also waits until nothing was fetched for this
+    /// long. Apache Kafka reports a partition's end exactly, so the default
+    /// is none; a broker whose high watermark can read low while producers
+    /// batch (tansu 0.6) needs about a second (docs/kafka.md).
+    #[serde(default, with = "humantime_serde")]
+    pub exit_at_end_quiet: Duration,
 }
 
 /// What graphsink deletes once it is folded (docs/retention.md). A graph
@@ -374,9 +380,19 @@ pub struct ErrorSettings {
     #[serde(default = "default_breaker_pause", with = "humantime_serde")]
     pub breaker_pause: Duration,
     /// librdkafka properties of the dead-letter producer, over the
-    /// connection properties copied from `[kafka]`.
+    /// connection properties copied from `[kafka]`. A `transactional.id`
+    /// here names the fold-reject producer's (see `dead_letter_transactions`);
+    /// record rejects never use it.
     #[serde(default)]
     pub producer: BTreeMap<String, String>,
+    /// Fold rejects go to the dead-letter topic in Kafka transactions, so a
+    /// `read_committed` consumer sees each `reject_id` exactly once whatever
+    /// crashes, freezes or timeouts hit the folder (docs/dead-letters.md).
+    /// Off, or on a broker without transactions (said once, loudly), a
+    /// folder reads the topic back before producing instead: exactly once
+    /// across crashes, at least once across a frozen folder's late produce.
+    #[serde(default = "default_true")]
+    pub dead_letter_transactions: bool,
 }
 
 impl std::fmt::Debug for ErrorSettings {
@@ -389,6 +405,7 @@ impl std::fmt::Debug for ErrorSettings {
             .field("max_rejects_per_minute", &self.max_rejects_per_minute)
             .field("breaker_pause", &self.breaker_pause)
             .field("producer", &redact::props(&self.producer))
+            .field("dead_letter_transactions", &self.dead_letter_transactions)
             .finish()
     }
 }
@@ -1108,6 +1125,7 @@ impl Default for ErrorSettings {
             max_rejects_per_minute: 0,
             breaker_pause: default_breaker_pause(),
             producer: BTreeMap::new(),
+            dead_letter_transactions: true,
         }
     }
 }
@@ -1117,6 +1135,7 @@ impl Default for OffsetSettings {
         Self {
             commit_interval: default_commit_interval(),
             stall_timeout: None,
+            exit_at_end_quiet: Duration::ZERO,
         }
     }
 }

@@ -1,7 +1,10 @@
 //! Named failpoints at each crash window. Armed by the environment variable
 //! `GRAPHSINK_FAILPOINTS="name=action,..."` (action `abort` kills the process
 //! on the spot, like `kill -9`; `error` returns an error; `abort@N` aborts at
-//! the Nth hit, so a chaos run reaches a window later than its first pass)
+//! the Nth hit, so a chaos run reaches a window later than its first pass;
+//! `error_once` returns an error at the first hit only; `stop` freezes the
+//! whole process with SIGSTOP, once, as a paused VM or a
+//! long GC would, until someone sends SIGCONT)
 //! or by `arm` in tests. Unarmed, a failpoint costs one atomic load.
 
 use std::collections::HashMap;
@@ -39,6 +42,12 @@ pub const DRAIN_BEFORE_FOLD: &str = "drain.before_fold";
 pub const DRAIN_BEFORE_CLOSE: &str = "drain.before_close";
 /// After a fold's rejects were produced, before the delivery mark is written.
 pub const FOLD_BEFORE_DELIVERED_MARK: &str = "fold.before_delivered_mark";
+/// Fold rejects read back from the dead-letter topic, before the rest are
+/// produced (in a transaction, or plainly without transactions).
+pub const FOLD_DEAD_LETTERS_BEFORE_PRODUCE: &str = "fold.dead_letters_before_produce";
+/// Fold rejects produced inside their transaction, before it is committed
+/// (`error` here fails the commit: the round is redone after a re-init).
+pub const FOLD_DEAD_LETTERS_BEFORE_COMMIT: &str = "fold.dead_letters_before_commit";
 
 /// Retention, after its first WAL entry delete (a step cut short).
 pub const GC_WAL_PARTIAL: &str = "gc.wal_partial";
@@ -61,6 +70,10 @@ pub enum Action {
     Error,
     /// Abort at the Nth hit (1 = the first).
     AbortAt(u32),
+    /// SIGSTOP to the whole process at the first hit; later hits pass.
+    Stop,
+    /// An error at the first hit; later hits pass.
+    ErrorOnce,
 }
 
 static ANY_ARMED: AtomicBool = AtomicBool::new(false);
@@ -69,6 +82,8 @@ static ARMED: OnceLock<Mutex<HashMap<String, Action>>> = OnceLock::new();
 fn parse(action: &str) -> Action {
     match action {
         "error" => Action::Error,
+        "stop" => Action::Stop,
+        "error_once" => Action::ErrorOnce,
         a => match a.strip_prefix("abort@").and_then(|n| n.parse().ok()) {
             Some(n) => Action::AbortAt(n),
             None => Action::Abort,
@@ -117,15 +132,26 @@ pub fn hit(name: &'static str) -> Result<()> {
                 *n -= 1;
                 return Ok(());
             }
+            Some(a @ (Action::Stop | Action::ErrorOnce)) => {
+                let a = *a;
+                map.remove(name);
+                Some(a)
+            }
             a => a.copied(),
         }
     };
     match action {
         None => Ok(()),
-        Some(Action::Error) => Err(Error::Failpoint(name)),
+        Some(Action::Error | Action::ErrorOnce) => Err(Error::Failpoint(name)),
         Some(Action::Abort | Action::AbortAt(_)) => {
             eprintln!("graphsink: failpoint {name} fired: aborting");
             std::process::abort()
+        }
+        Some(Action::Stop) => {
+            eprintln!("graphsink: failpoint {name} fired: stopping (SIGSTOP) until SIGCONT");
+            // SAFETY: raise(3) with a constant signal touches no memory.
+            unsafe { libc::raise(libc::SIGSTOP) };
+            Ok(())
         }
     }
 }
@@ -140,6 +166,8 @@ mod tests {
         assert_eq!(parse("error"), Action::Error);
         assert_eq!(parse("abort@3"), Action::AbortAt(3));
         assert_eq!(parse("abort@x"), Action::Abort);
+        assert_eq!(parse("stop"), Action::Stop);
+        assert_eq!(parse("error_once"), Action::ErrorOnce);
     }
 
     #[test]

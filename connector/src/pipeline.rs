@@ -265,7 +265,7 @@ async fn session(
     let head = graph.head().await?;
     metrics.head(head.seq, head.created_at);
     let decoders = decoders(config, &graph)?;
-    let dead_letters = DeadLetters::connect(config, metrics.clone()).await?;
+    let dead_letters = DeadLetters::connect(config, graph.root(), metrics.clone()).await?;
     let (pool, delivered, role) = if partitioned {
         let pool = ShardPool::open_unclaimed(&graph, &config.wal, &graph.wal_tables()).await?;
         (pool, 0, Some(FoldRole::new(config, &graph)))
@@ -1013,11 +1013,11 @@ impl RunLoop<'_> {
         {
             return self.at_end_unassigned().await;
         }
-        // Quiet for a second too: some brokers (tansu 0.6) report a high
+        // Quiet too, if asked: some brokers (tansu 0.6) report a high
         // watermark below the true end when producers batch.
         if self.assigned.is_empty()
             || !self.in_flight.is_empty()
-            || self.last_poll.elapsed() < Duration::from_secs(1)
+            || self.last_poll.elapsed() < self.config.offsets.exit_at_end_quiet
         {
             return Ok(false);
         }

@@ -1,11 +1,10 @@
 //! The second broker backend: Apache Kafka (KRaft, the apache/kafka-native
 //! image) in a container through testcontainers, where a Docker engine
-//! exists. Selected by `GRAPHSINK_TEST_BROKER_BACKEND=containers`; tansu
-//! stays the default. Needs the `containers` feature; without it `start`
+//! exists. Selected by `GRAPHSINK_TEST_BROKER_BACKEND=containers`; the
+//! default is Apache Kafka run from its Maven jars (crate::kafka). Needs the `containers` feature; without it `start`
 //! says how to get it. CI has no Docker engine: it only compiles this.
 
-/// The environment variable that selects the backend (`tansu`, `containers`).
-pub const BACKEND_VAR: &str = "GRAPHSINK_TEST_BROKER_BACKEND";
+pub use crate::broker::BACKEND_VAR;
 
 /// Whether the environment asks for the container backend.
 pub fn selected() -> bool {

@@ -1,16 +1,21 @@
 //! Test and benchmark support shared by the e2e tests and graphsink-bench.
-//! Both need a private Kafka broker, and the tests an S3 server; keeping
+//! Both need a private Kafka broker (Apache Kafka by default, tansu on
+//! request: `broker`), and the tests an S3 server; keeping
 //! the one way to start each here means they cannot drift apart. The fault
 //! proxy sits between the object store client and the S3 server, for the
 //! storage-fault tests. The hostile-input generator feeds the reject tests.
 //! `containers` is a second broker backend (Kafka in a container).
 
+pub mod broker;
 pub mod containers;
 pub mod faults;
 pub mod hostile;
+pub mod kafka;
 pub mod s3;
 pub mod tansu;
 
+pub use broker::{Backend as BrokerBackend, TestBroker};
 pub use faults::{Exchange, Fault, FaultProxy, Rule, RuleId};
 pub use s3::S3Server;
+pub use kafka::Kafka;
 pub use tansu::{tie_to_parent, Options as TansuOptions, Tansu};

@@ -1,5 +1,7 @@
 //! A private tansu broker (memory storage, free loopback port), started the
 //! way scripts/lib.sh starts it, that dies with the process that started it.
+//! tansu is the opt-in backend now (`GRAPHSINK_TEST_BROKER_BACKEND=tansu`);
+//! the spawner thread and `tie_to_parent` here serve every backend.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -227,30 +229,6 @@ pub fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<Child> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The reason for the spawner thread: a tansu started from a thread
-    /// that then exits must keep running.
-    #[test]
-    fn tansu_outlives_the_thread_that_started_it() {
-        let bin = default_bin();
-        assert!(
-            bin.exists(),
-            "{} is missing: run `bash scripts/test.sh`, which installs tansu",
-            bin.display()
-        );
-        let mut tansu = std::thread::spawn(move || Tansu::start(Some(bin), None))
-            .join()
-            .expect("starter thread")
-            .expect("start tansu");
-        std::thread::sleep(Duration::from_millis(500));
-        assert!(
-            tansu.child.try_wait().expect("try_wait").is_none(),
-            "tansu died"
-        );
-        tansu
-            .wait_ready(Duration::from_secs(5), None)
-            .expect("still answers");
-    }
 
     #[test]
     fn a_broker_that_exits_fails_fast() {

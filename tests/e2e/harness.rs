@@ -1,5 +1,5 @@
-//! Test harness: the real broker (external via GRAPHSINK_TEST_BROKER, or a
-//! tansu started here), per-test topics, graphs in temp dirs, and readers
+//! Test harness: the real broker (external via GRAPHSINK_TEST_BROKER, or an
+//! Apache Kafka started here), per-test topics, graphs in temp dirs, and readers
 //! of what landed in Lance and in the consumer group.
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use arrow::array::{Array, RecordBatch, StringArray};
 use futures::TryStreamExt;
 use graphsink::Config;
 use graphsink::Graph;
-use graphsink_testkit::{s3, S3Server, Tansu};
+use graphsink_testkit::{s3, BrokerBackend, S3Server, TestBroker};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -21,9 +21,9 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 struct Broker {
     addr: String,
-    /// Never dropped (it lives in a static): tansu goes with the test
+    /// Never dropped (it lives in a static): the broker goes with the test
     /// process through PR_SET_PDEATHSIG, which graphsink-testkit sets.
-    _tansu: Option<Tansu>,
+    _private: Option<TestBroker>,
     /// The container backend's Kafka (left to Docker's reaper at exit).
     _container: Option<graphsink_testkit::containers::KafkaContainer>,
 }
@@ -32,14 +32,15 @@ static BROKER: OnceLock<Broker> = OnceLock::new();
 
 /// The broker address. Never skips: it uses GRAPHSINK_TEST_BROKER, or Kafka
 /// in a container (GRAPHSINK_TEST_BROKER_BACKEND=containers), or starts the
-/// tansu that scripts/test.sh installs, or fails saying how to get one.
+/// Apache Kafka (or, with GRAPHSINK_TEST_BROKER_BACKEND=tansu, the tansu)
+/// that scripts/test.sh installs, or fails saying how to get one.
 pub fn broker() -> &'static str {
     &BROKER
         .get_or_init(|| {
             if let Ok(addr) = std::env::var("GRAPHSINK_TEST_BROKER") {
                 return Broker {
                     addr,
-                    _tansu: None,
+                    _private: None,
                     _container: None,
                 };
             }
@@ -47,30 +48,23 @@ pub fn broker() -> &'static str {
                 let k = graphsink_testkit::containers::start().unwrap_or_else(|e| panic!("{e}"));
                 return Broker {
                     addr: k.bootstrap.clone(),
-                    _tansu: None,
+                    _private: None,
                     _container: Some(k),
                 };
             }
-            start_tansu()
+            let backend = BrokerBackend::from_env().unwrap_or_else(|e| panic!("{e}"));
+            backend.check_installed().unwrap_or_else(|e| {
+                panic!("no Kafka broker for the tests: set GRAPHSINK_TEST_BROKER=host:port, or run `bash scripts/test.sh`, which installs and starts one ({e})")
+            });
+            let b = TestBroker::start(&backend, None)
+                .unwrap_or_else(|e| panic!("start {}: {e}", backend.describe()));
+            Broker {
+                addr: b.bootstrap.clone(),
+                _private: Some(b),
+                _container: None,
+            }
         })
         .addr
-}
-
-fn start_tansu() -> Broker {
-    let bin = graphsink_testkit::tansu::default_bin();
-    if !bin.exists() {
-        panic!(
-            "no Kafka broker for the tests: set GRAPHSINK_TEST_BROKER=host:port, \
-             or run `bash scripts/test.sh`, which installs and starts tansu ({} is missing)",
-            bin.display()
-        );
-    }
-    let tansu = Tansu::start(Some(bin), None).unwrap_or_else(|e| panic!("start tansu: {e}"));
-    Broker {
-        addr: tansu.bootstrap.clone(),
-        _tansu: Some(tansu),
-        _container: None,
-    }
 }
 
 struct S3 {
@@ -180,15 +174,21 @@ pub fn unique(prefix: &str) -> String {
 }
 
 pub async fn create_topic(name: &str, partitions: i32) {
+    create_topic_with(name, partitions, &[]).await
+}
+
+/// [`create_topic`] with topic configs (`max.message.bytes`, ...).
+pub async fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", broker())
         .create()
         .expect("admin client");
+    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for (k, v) in configs {
+        topic = topic.set(k, v);
+    }
     let res = admin
-        .create_topics(
-            [&NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
+        .create_topics([&topic], &AdminOptions::new())
         .await
         .expect("create topics");
     for r in res {
@@ -384,6 +384,7 @@ impl TestGraph {
 
     /// A graph on `backend`; the config file stays in the temp dir.
     pub fn on(backend: Backend, schema: &str, mappings: &[&str], extra: &str) -> TestGraph {
+        let extra = &for_the_broker(extra);
         let dir = tempfile::tempdir().expect("temp dir");
         let group = unique("group");
         let topics: Vec<String> = mappings.iter().map(|_| unique("topic")).collect();
@@ -442,14 +443,48 @@ impl TestGraph {
     /// A `graphsink run` child that dies with the test, even one that
     /// fails before it kills the child itself.
     pub fn spawn_run(&self) -> Child {
+        self.spawn_run_with(&[])
+    }
+
+    /// [`TestGraph::spawn_run`] with extra environment (failpoints).
+    pub fn spawn_run_with(&self, env: &[(&str, &str)]) -> Child {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
         cmd.args(["run", "--config"])
             .arg(self.config_path())
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         graphsink_testkit::tie_to_parent(&mut cmd);
         cmd.spawn().expect("spawn graphsink run")
     }
+}
+
+/// What the opt-in tansu backend needs in every config: the quiet second of
+/// `--exit-at-end` (its high watermark can read low) and no dead-letter
+/// transactions (it cannot abort one). Nothing for Apache Kafka.
+fn for_the_broker(extra: &str) -> String {
+    let tansu = std::env::var(graphsink_testkit::broker::BACKEND_VAR).is_ok_and(|b| b == "tansu");
+    if !tansu {
+        return extra.to_string();
+    }
+    let mut out = extra.to_string();
+    for (section, line) in [
+        ("[offsets]", "exit_at_end_quiet = \"1s\""),
+        ("[errors]", "dead_letter_transactions = false"),
+    ] {
+        let key = line.split(' ').next().unwrap_or_default();
+        if out.contains(key) {
+            continue;
+        }
+        out = match out.find(&format!("{section}\n")) {
+            Some(i) => {
+                let at = i + section.len() + 1;
+                format!("{}{line}\n{}", &out[..at], &out[at..])
+            }
+            None => format!("{out}\n{section}\n{line}\n"),
+        };
+    }
+    out
 }
 
 /// The latest version of a table, opened with plain Lance (and the root's
@@ -540,12 +575,19 @@ impl Consumed {
 /// Every message of `topic` (all partitions, from the start) as an
 /// independent consumer sees it, once `want` arrived or `timeout` passed.
 pub fn read_topic(topic: &str, want: usize, timeout: Duration) -> Vec<Consumed> {
+    read_topic_as(topic, want, timeout, "read_committed")
+}
+
+/// [`read_topic`] with `isolation.level` set: `read_uncommitted` also shows
+/// the records of aborted (and open) transactions.
+pub fn read_topic_as(topic: &str, want: usize, timeout: Duration, isolation: &str) -> Vec<Consumed> {
     use rdkafka::message::{Headers, Message};
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", broker())
         .set("group.id", unique("reader"))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
+        .set("isolation.level", isolation)
         .create()
         .expect("reader");
     let deadline = Instant::now() + timeout;

@@ -396,6 +396,156 @@ async fn crash_around_the_dead_letter_produce(backend: Backend, failpoint: &str,
     assert_eq!(read_topic(&tg.dlq, 2, Duration::from_secs(3)).len(), 1);
 }
 
+/// A topic with one node and one fold reject (an edge to a missing node,
+/// rejected at the first fold).
+async fn one_fold_reject(backend: Backend, extra: &str) -> TestGraph {
+    let tg = TestGraph::on(
+        backend,
+        "node Person { name: String @key }\nedge Likes: Person -> Person",
+        &[
+            "node = \"Person\"",
+            "edge = \"Likes\"\non_missing_endpoint = \"reject\"",
+        ],
+        extra,
+    );
+    let (people, likes) = (&tg.topics[0], &tg.topics[1]);
+    create_topic(people, 1).await;
+    create_topic(likes, 1).await;
+    produce(people, &[rec(0, None, Some(json!({"name": "a"})))]).await;
+    produce(
+        likes,
+        &[rec(0, None, Some(json!({"src": "a", "dst": "nobody"})))],
+    )
+    .await;
+    tg
+}
+
+/// Whether a process is stopped (state T in /proc/PID/stat).
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().starts_with('T')))
+        .unwrap_or(false)
+}
+
+/// The window issue 13 left open: a folder frozen after it read the topic
+/// back and before its produce. A second process takes over (the group
+/// gives it the partitions once the frozen one's session expires; its
+/// claims fence the frozen one's shards), re-delivers the published fold
+/// reject, and ends. Then the frozen folder thaws and produces.
+///
+/// With transactions the new folder's init fenced the old producer: its
+/// late produce is refused, and a read_committed reader sees the reject
+/// once. Without them (`dead_letter_transactions = false`, the read-back
+/// rule alone) the late produce lands: twice, which is why transactions
+/// are the default.
+async fn a_frozen_folder_cannot_deliver_a_fold_reject_twice(transactions: bool) {
+    let tg = one_fold_reject(
+        Backend::Local,
+        &format!("[errors]\ndead_letter_transactions = {transactions}"),
+    )
+    .await;
+    let mut frozen = tg.spawn_run_with(&[(
+        "GRAPHSINK_FAILPOINTS",
+        "fold.dead_letters_before_produce=stop",
+    )]);
+    let pid = frozen.id();
+    wait_until("the folder freezes at its produce", Duration::from_secs(60), || {
+        is_stopped(pid)
+    })
+    .await;
+    let rows = rejects_at_head(&tg).await;
+    assert_eq!(rows.len(), 1, "the fold was published: {rows:?}");
+    let id = rows[0]["reject_id"].as_str().unwrap().to_string();
+    // The successor: it waits out the frozen member's session (6 s).
+    let out = tg.cli(&["run", "--exit-at-end"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let once = read_topic(&tg.dlq, 2, Duration::from_secs(5));
+    assert_eq!(once.len(), 1, "the successor delivered it");
+    // The frozen folder thaws and goes on with its produce.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let _ = frozen.kill();
+    let _ = frozen.wait();
+    let dlq = read_topic(&tg.dlq, 3, Duration::from_secs(5));
+    let ids: Vec<_> = dlq
+        .iter()
+        .map(|m| m.header("graphsink.reject_id"))
+        .collect();
+    if transactions {
+        assert_eq!(dlq.len(), 1, "read_committed sees it once: {ids:?}");
+        assert_eq!(dlq[0].header("graphsink.reject_id"), Some(id));
+    } else {
+        assert_eq!(
+            dlq.len(),
+            2,
+            "without transactions the thawed folder's produce lands: {ids:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_folder_is_fenced_by_its_successor() {
+    crate::init_logs();
+    a_frozen_folder_cannot_deliver_a_fold_reject_twice(true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_transactions_a_frozen_folder_delivers_twice() {
+    crate::init_logs();
+    a_frozen_folder_cannot_deliver_a_fold_reject_twice(false).await
+}
+
+/// A produce that landed but whose transaction did not commit (the window
+/// of a produce that timed out in librdkafka yet landed): the round is
+/// redone after a re-init, which aborts the first attempt. A
+/// read_uncommitted reader sees both attempts, a read_committed one only
+/// the second. Then a crash inside the transaction: the restart's init
+/// aborts it, and the reject is still there once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncommitted_fold_reject_attempt_is_never_seen() {
+    crate::init_logs();
+    let tg = one_fold_reject(Backend::Local, "").await;
+    let out = tg.cli(
+        &["run", "--exit-at-end"],
+        &[("GRAPHSINK_FAILPOINTS", "fold.dead_letters_before_commit=error_once")],
+    );
+    assert!(
+        out.status.success(),
+        "the round is retried: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all = read_topic_as(&tg.dlq, 3, Duration::from_secs(5), "read_uncommitted");
+    assert_eq!(all.len(), 2, "the aborted attempt landed, and the retry");
+    assert_eq!(read_topic(&tg.dlq, 2, Duration::from_secs(5)).len(), 1);
+
+    let tg = one_fold_reject(Backend::Local, "").await;
+    let out = tg.cli(
+        &["run", "--exit-at-end"],
+        &[("GRAPHSINK_FAILPOINTS", "fold.dead_letters_before_commit=abort")],
+    );
+    assert!(!out.status.success(), "the failpoint aborts");
+    assert_eq!(
+        read_topic_as(&tg.dlq, 2, Duration::from_secs(5), "read_uncommitted").len(),
+        1,
+        "produced in the open transaction before the crash"
+    );
+    let out = tg.cli(&["run", "--exit-at-end"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dlq = read_topic(&tg.dlq, 2, Duration::from_secs(5));
+    assert_eq!(dlq.len(), 1, "once, from the restart's transaction");
+    assert_eq!(dlq[0].header("graphsink.stage").as_deref(), Some("fold"));
+}
+
 /// The reject-rate breaker: past `max_rejects_per_minute`, fetching pauses
 /// for `breaker_pause`; records behind the burst wait, then land.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -566,7 +716,8 @@ async fn a_reject_too_big_for_the_dead_letter_producer_is_cut_to_fit() {
         "[errors]\nmax_record_bytes = 1500000",
     );
     let topic = tg.topics[0].clone();
-    create_topic(&topic, 1).await;
+    // Apache Kafka refuses records over 1 MiB unless the topic allows them.
+    create_topic_with(&topic, 1, &[("max.message.bytes", "2000000")]).await;
     let big = format!(r#"{{"name":"x","age":"{}"}}"#, "9".repeat(1_100_000));
     let ok = r#"{"name":"after"}"#;
     produce_raw(

@@ -17,6 +17,9 @@ pub(crate) async fn redeliver(
     dead_letters: &DeadLetters,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<u64> {
+    // First fence whichever folder came before (its open transaction is
+    // aborted): what the read-back then finds is final.
+    dead_letters.fence_older_folders();
     let Undelivered {
         head_seq: delivered,
         rejects: late,

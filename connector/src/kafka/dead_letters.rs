@@ -1,8 +1,15 @@
-//! The dead-letter producer: produces rejects to their dead-letter topic and
-//! waits for the broker's acknowledgements, retrying with backoff while the
-//! topic is unavailable. A reject is never dropped, and its offset waits
-//! until it is delivered. Asked to, it first skips the rejects the topic
-//! already holds (`delivered`). It decides nothing about what is rejected.
+//! The dead-letter producers: they produce rejects to their dead-letter
+//! topic and wait for the broker's acknowledgements, retrying with backoff
+//! while the topic is unavailable. A reject is never dropped, and its offset
+//! waits until it is delivered. It decides nothing about what is rejected.
+//!
+//! Record rejects go out at least once (as in Kafka Connect): their offsets
+//! wait, and a crash re-reads and re-produces them. Fold rejects go out
+//! exactly once per `reject_id` to a `read_committed` reader: each
+//! delivery is one Kafka transaction of a producer whose `transactional.id`
+//! belongs to the graph's folding role, so a new folder's `InitProducerId`
+//! fences the old one and aborts its open transaction; then what the topic
+//! holds (`delivered`) is read back and skipped (docs/dead-letters.md).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
-use rdkafka::producer::FutureProducer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, Producer};
 use tokio_util::sync::CancellationToken;
 
 use super::admin::{self, TopicCreation};
@@ -29,6 +37,29 @@ const LIBRDKAFKA_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 /// How long one produce may wait for room in librdkafka's queue.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one transaction call (init, commit, abort) may take.
+const TXN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The fold-reject producer's `transactional.id` for a graph: one per
+/// graph, so each new folder fences the one before it. Derived from the
+/// root, which names the graph.
+pub(crate) fn fold_transactional_id(graph_root: &str) -> String {
+    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, graph_root.as_bytes());
+    format!("graphsink-fold-{id}")
+}
+
+/// How fold rejects reach the topic once.
+enum FoldMode {
+    /// Transactions are wanted; the producer is made and initialised at the
+    /// first fold delivery (or when this process becomes the folder).
+    Uninitialised,
+    /// An initialised transactional producer: it fenced every older folder.
+    Transactional(FutureProducer<ClientLog>),
+    /// The read-back rule alone: `errors.dead_letter_transactions = false`,
+    /// or a broker that refused transactions (said once).
+    ReadBack,
+}
 
 #[derive(Clone)]
 pub(crate) struct DeadLetters {
@@ -54,6 +85,11 @@ pub(crate) struct DeadLetters {
     /// The dead-letter offsets this process has seen (its acknowledgements,
     /// its reads): every later produce lands at or past them.
     seen: Arc<Mutex<PartitionOffsets>>,
+    /// The fold rejects' producer; one fold delivery at a time holds it.
+    fold: Arc<tokio::sync::Mutex<FoldMode>>,
+    /// Its client config: the dead-letter producer's, with the
+    /// `transactional.id`.
+    fold_client: rdkafka::ClientConfig,
 }
 
 /// One delivery as the metrics see it: rejects still pending, and whether
@@ -118,11 +154,29 @@ struct Failed<'a> {
 }
 
 impl DeadLetters {
-    /// The producer (see `client::dead_letter_config`); creates the
-    /// dead-letter topics that do not exist yet.
-    pub(crate) async fn connect(config: &Config, metrics: Arc<Metrics>) -> Result<DeadLetters> {
-        let cc = client::dead_letter_config(config);
+    /// The producers (see `client::dead_letter_config`); creates the
+    /// dead-letter topics that do not exist yet. `graph_root` names the
+    /// fold-reject producer's `transactional.id` (unless `errors.producer`
+    /// names one).
+    pub(crate) async fn connect(
+        config: &Config,
+        graph_root: &str,
+        metrics: Arc<Metrics>,
+    ) -> Result<DeadLetters> {
+        let mut cc = client::dead_letter_config(config);
+        let txn_id = cc
+            .get("transactional.id")
+            .map(str::to_string)
+            .unwrap_or_else(|| fold_transactional_id(graph_root));
+        cc.remove("transactional.id");
         let producer: FutureProducer<ClientLog> = cc.create_with_context(ClientLog::default())?;
+        let mut fold_client = cc.clone();
+        fold_client.set("transactional.id", &txn_id);
+        let fold = if config.errors.dead_letter_transactions {
+            FoldMode::Uninitialised
+        } else {
+            FoldMode::ReadBack
+        };
         let mut by_topic = HashMap::new();
         let mut by_type = HashMap::new();
         for m in &config.mappings {
@@ -143,8 +197,10 @@ impl DeadLetters {
             metrics,
             client: cc,
             topics_ready: Arc::default(),
-            reader: DeliveredReader::new(config)?,
+            reader: DeliveredReader::new(config, config.errors.dead_letter_transactions)?,
             seen: Arc::default(),
+            fold: Arc::new(tokio::sync::Mutex::new(fold)),
+            fold_client,
         };
         dl.create_topics().await;
         // Best effort, in the background (a dead-letter cluster that is down
@@ -243,6 +299,23 @@ impl DeadLetters {
         once: Option<&PartitionOffsets>,
         stop: &CancellationToken,
     ) -> Result<()> {
+        if let Some(since) = once {
+            let mut fold = self.fold.lock().await;
+            if !matches!(*fold, FoldMode::ReadBack) {
+                return self.deliver_in_transactions(&mut fold, rejects, since, stop).await;
+            }
+        }
+        self.deliver_read_back(rejects, once, stop).await
+    }
+
+    /// [`DeadLetters::deliver`] without transactions: record rejects, and
+    /// fold rejects under the read-back rule alone.
+    async fn deliver_read_back(
+        &self,
+        rejects: &[Reject],
+        once: Option<&PartitionOffsets>,
+        stop: &CancellationToken,
+    ) -> Result<()> {
         let mut todo: Vec<&Reject> = rejects.iter().collect();
         let mut delivery = Delivery::new(&self.metrics, todo.len());
         let mut delay = Duration::from_millis(100);
@@ -276,14 +349,17 @@ impl DeadLetters {
                     if todo.is_empty() {
                         return Ok(());
                     }
+                    if once.is_some() {
+                        crate::failpoints::hit(crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_PRODUCE)?;
+                    }
                     // The first round runs to its end (bounded by
                     // message.timeout.ms), so a graceful stop still delivers
                     // to a healthy topic; retries give way to `stop`.
                     let failed = if std::mem::take(&mut first) {
-                        self.send_all(&todo).await
+                        self.send_all(&self.producer, &todo).await
                     } else {
                         tokio::select! {
-                            failed = self.send_all(&todo) => failed,
+                            failed = self.send_all(&self.producer, &todo) => failed,
                             _ = stop.cancelled() => todo.iter().map(|&reject| Failed {
                                 reject,
                                 error: "stopped while producing".to_string(),
@@ -328,6 +404,189 @@ impl DeadLetters {
         Ok(())
     }
 
+    /// Fold rejects, exactly once: each round inits the transactional
+    /// producer if it is not (fencing older folders, aborting their open
+    /// transaction), reads back what the topics hold committed at or past
+    /// `since` and skips it, then produces the rest in one transaction. A
+    /// failed round aborts (an unclear commit re-inits, which settles it)
+    /// and is retried with backoff; a fenced producer stops: another
+    /// process folds now.
+    async fn deliver_in_transactions(
+        &self,
+        fold: &mut FoldMode,
+        rejects: &[Reject],
+        since: &PartitionOffsets,
+        stop: &CancellationToken,
+    ) -> Result<()> {
+        let mut todo: Vec<&Reject> = rejects.iter().collect();
+        let mut delivery = Delivery::new(&self.metrics, todo.len());
+        let mut delay = Duration::from_millis(100);
+        let mut held = Held {
+            from: since.clone(),
+            ids: HashSet::new(),
+            warned: false,
+        };
+        loop {
+            let failure = match self.transactional(fold).await {
+                Ok(None) => {
+                    // The broker refused transactions: read-back from here on.
+                    drop(delivery);
+                    return self.deliver_read_back(rejects, Some(since), stop).await;
+                }
+                Err(e) => {
+                    delivery.round(0, todo.len(), false);
+                    format!("cannot start the transactional producer: {e}")
+                }
+                Ok(Some(producer)) => {
+                    match self.skip_delivered(&mut todo, Some(&mut held)).await {
+                        Err(e) => {
+                            delivery.round(0, todo.len(), false);
+                            format!("cannot read what the topic holds: {e}")
+                        }
+                        Ok(skipped) => {
+                            delivery.skipped(skipped);
+                            if todo.is_empty() {
+                                return Ok(());
+                            }
+                            crate::failpoints::hit(crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_PRODUCE)?;
+                            match self.transaction(&producer, &todo).await {
+                                Ok(()) => {
+                                    delivery.round(todo.len(), 0, true);
+                                    return Ok(());
+                                }
+                                Err(f) => {
+                                    delivery.round(0, todo.len(), true);
+                                    if f.fenced {
+                                        *fold = FoldMode::Uninitialised;
+                                        return Err(Error::DeadLetter {
+                                            topic: self.topic_for(todo[0]).to_string(),
+                                            reason: format!("another folder took over the fold rejects' transactional producer (fenced): {}", f.error),
+                                        });
+                                    }
+                                    if f.reinit {
+                                        *fold = FoldMode::Uninitialised;
+                                    }
+                                    f.error
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+            tracing::warn!(
+                topic = %self.topic_for(todo[0]), rejects = todo.len(), error = %failure,
+                "fold-reject transaction failed; retrying (the commit's delivery mark waits)"
+            );
+            if stop.is_cancelled() {
+                return Err(Error::DeadLetter {
+                    topic: self.topic_for(todo[0]).to_string(),
+                    reason: format!("stopped before delivering fold rejects: {failure}"),
+                });
+            }
+            if !self.topics_ready.load(Ordering::Relaxed) {
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = self.create_topics() => {}
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// When this process becomes the graph's folder: init the fold-reject
+    /// producer now, so an older folder's open transaction is aborted (and
+    /// the older folder fenced) before anything is re-delivered, instead of
+    /// at the first fold with rejects. Errors are retried by that fold.
+    /// In the background: a dead-letter cluster that is down must not hold
+    /// the start (a delivery waits for it on the same lock).
+    pub(crate) fn fence_older_folders(&self) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut fold = me.fold.lock().await;
+            if let Err(e) = me.transactional(&mut fold).await {
+                tracing::warn!(error = %e, "cannot init the fold-reject producer yet; the first fold delivery retries");
+            }
+        });
+    }
+
+    /// The initialised transactional producer; `None` once the broker
+    /// refused transactions (the read-back rule from then on, said once).
+    async fn transactional(
+        &self,
+        fold: &mut FoldMode,
+    ) -> std::result::Result<Option<FutureProducer<ClientLog>>, String> {
+        let cc = match fold {
+            FoldMode::Transactional(p) => return Ok(Some(p.clone())),
+            FoldMode::ReadBack => return Ok(None),
+            FoldMode::Uninitialised => &self.fold_client,
+        };
+        let id = cc.get("transactional.id").unwrap_or_default().to_string();
+        let producer: FutureProducer<ClientLog> = cc
+            .create_with_context(ClientLog::default())
+            .map_err(|e| e.to_string())?;
+        let p = producer.clone();
+        let init = tokio::task::spawn_blocking(move || p.init_transactions(TXN_TIMEOUT))
+            .await
+            .map_err(|e| format!("init task: {e}"))?;
+        match init {
+            Ok(()) => {
+                tracing::info!(transactional_id = %id, "fold-reject producer initialised: any older folder is fenced and its open transaction aborted");
+                *fold = FoldMode::Transactional(producer.clone());
+                Ok(Some(producer))
+            }
+            Err(e) if refuses_transactions(&e) => {
+                tracing::error!(transactional_id = %id, error = %e, "the dead-letter broker does not support transactions: fold rejects fall back to the read-back rule (exactly once across crashes, at least once across a frozen folder's late produce); set errors.dead_letter_transactions = false to say so in the config");
+                *fold = FoldMode::ReadBack;
+                Ok(None)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// One transaction: begin, produce every reject, commit. A failed
+    /// produce aborts it (what landed is never visible to read_committed
+    /// readers); a commit that fails asks for a re-init, which completes or
+    /// aborts it at the coordinator before anything else is produced.
+    async fn transaction(
+        &self,
+        producer: &FutureProducer<ClientLog>,
+        todo: &[&Reject],
+    ) -> std::result::Result<(), TxnFailure> {
+        let p = producer.clone();
+        blocking(move || p.begin_transaction()).await?;
+        let failed = self.send_all(producer, todo).await;
+        if let Some(f) = failed.first() {
+            let error = format!("{} of {} produces failed: {}", failed.len(), todo.len(), f.error);
+            let p = producer.clone();
+            return match blocking(move || p.abort_transaction(TXN_TIMEOUT)).await {
+                Ok(()) => Err(TxnFailure {
+                    error,
+                    reinit: false,
+                    fenced: is_fenced(producer),
+                }),
+                Err(a) => Err(TxnFailure {
+                    error: format!("{error}; abort: {}", a.error),
+                    reinit: true,
+                    fenced: a.fenced,
+                }),
+            };
+        }
+        crate::failpoints::hit(crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_COMMIT)
+            .map_err(|e| TxnFailure {
+                error: e.to_string(),
+                reinit: true,
+                fenced: false,
+            })?;
+        let p = producer.clone();
+        blocking(move || p.commit_transaction(TXN_TIMEOUT))
+            .await
+            .map_err(|f| TxnFailure { reinit: true, ..f })
+    }
+
     /// With `held`: drops from `todo` the rejects the topics already hold
     /// (produced by a folder that crashed before its delivery mark, or by
     /// an earlier round). Returns how many.
@@ -362,8 +621,12 @@ impl DeadLetters {
 
     /// Queues every reject in order, then awaits all their deliveries;
     /// returns the failed ones, in order.
-    async fn send_all<'a>(&self, rejects: &[&'a Reject]) -> Vec<Failed<'a>> {
-        let results = join_all(rejects.iter().map(|r| self.send(r))).await;
+    async fn send_all<'a>(
+        &self,
+        producer: &FutureProducer<ClientLog>,
+        rejects: &[&'a Reject],
+    ) -> Vec<Failed<'a>> {
+        let results = join_all(rejects.iter().map(|r| self.send(producer, r))).await;
         rejects
             .iter()
             .zip(results)
@@ -371,19 +634,94 @@ impl DeadLetters {
             .collect()
     }
 
-    async fn send(&self, r: &Reject) -> std::result::Result<(), String> {
+    async fn send(
+        &self,
+        producer: &FutureProducer<ClientLog>,
+        r: &Reject,
+    ) -> std::result::Result<(), String> {
         let purpose = Purpose::DeadLetter {
             connector: &self.connector,
             max_bytes: self.max_bytes,
         };
         let topic = self.topic_for(r);
         let rec = reject_record(r, topic, &purpose);
-        let delivered = self
-            .producer
+        let delivered = producer
             .send(rec, QUEUE_TIMEOUT)
             .await
             .map_err(|(e, _)| e.to_string())?;
         self.saw_one(topic, delivered.partition, delivered.offset + 1);
         Ok(())
     }
+}
+
+/// A failed transaction round.
+struct TxnFailure {
+    error: String,
+    /// The producer's state is unclear (a failed commit or abort): make a
+    /// new one, whose init settles the open transaction.
+    reinit: bool,
+    /// A newer folder fenced this producer.
+    fenced: bool,
+}
+
+/// A blocking transaction call, off the async workers.
+async fn blocking(
+    f: impl FnOnce() -> rdkafka::error::KafkaResult<()> + Send + 'static,
+) -> std::result::Result<(), TxnFailure> {
+    let outcome = tokio::task::spawn_blocking(f).await.map_err(|e| TxnFailure {
+        error: format!("transaction task: {e}"),
+        reinit: true,
+        fenced: false,
+    })?;
+    outcome.map_err(|e| TxnFailure {
+        fenced: is_fenced_error(&e),
+        reinit: !matches!(&e, KafkaError::Transaction(t) if t.txn_requires_abort() || t.is_retriable()),
+        error: e.to_string(),
+    })
+}
+
+fn code_of(e: &KafkaError) -> Option<RDKafkaErrorCode> {
+    match e {
+        KafkaError::Transaction(t) => Some(t.code()),
+        other => other.rdkafka_error_code(),
+    }
+}
+
+fn is_fenced_error(e: &KafkaError) -> bool {
+    matches!(
+        code_of(e),
+        Some(
+            RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+        )
+    )
+}
+
+/// A producer whose fatal error says a newer instance fenced it.
+fn is_fenced(producer: &FutureProducer<ClientLog>) -> bool {
+    matches!(
+        producer.client().fatal_error(),
+        Some((
+            RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch,
+            _
+        ))
+    )
+}
+
+/// An init refused because the broker has no transactions (too old, or a
+/// broker such as tansu 0.6 that does not implement them), not because it
+/// is unreachable.
+fn refuses_transactions(e: &KafkaError) -> bool {
+    matches!(
+        code_of(e),
+        Some(
+            RDKafkaErrorCode::UnsupportedVersion
+                | RDKafkaErrorCode::UnsupportedFeature
+                | RDKafkaErrorCode::UnsupportedForMessageFormat
+                | RDKafkaErrorCode::InvalidRequest
+        )
+    )
 }

@@ -2,9 +2,10 @@
 //! past given offsets. A folder reads them before it produces a commit's
 //! fold rejects, so a crash between a produce and its delivery mark, or a
 //! new folder re-delivering a crashed one's commits, does not deliver a
-//! reject twice. Kafka transactions would do this by fencing (and close
-//! the windows docs/scale-out.md lists), but the test broker (tansu 0.6)
-//! cannot abort one.
+//! reject twice. With transactions (`errors.dead_letter_transactions`) it
+//! reads `read_committed`: after the folder's `InitProducerId` fenced any
+//! older folder and aborted its open transaction, what it reads is all that
+//! will ever be committed before its own produce (docs/dead-letters.md).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -27,11 +28,13 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// A read that receives nothing for this long fails (it ends at the
 /// offsets it found at its start, however many there are).
 const READ_STALL: Duration = Duration::from_secs(30);
-/// After the ends it found, a read listens this long for more: tansu 0.6
-/// can report a high watermark below the records it has acknowledged
-/// (the chaos `kills` phase saw a restart miss a crashed folder's last
-/// produces and deliver them again).
-const TAIL: Duration = Duration::from_millis(700);
+/// Without transactions, after the ends it found, a read listens this long
+/// for more: tansu 0.6 can report a high watermark below the records it has
+/// acknowledged (the chaos `kills` phase saw a restart miss a crashed
+/// folder's last produces and deliver them again). Apache Kafka's high
+/// watermark is right (docs/kafka.md), and a `read_committed` read ends at
+/// the last stable offset: no tail.
+const UNCOMMITTED_TAIL: Duration = Duration::from_millis(700);
 
 /// What one read found.
 #[derive(Debug, Default)]
@@ -52,10 +55,14 @@ pub(crate) struct Found {
 #[derive(Clone)]
 pub(crate) struct DeliveredReader {
     consumer: Arc<Mutex<BaseConsumer<QuietContext>>>,
+    tail: Duration,
 }
 
 impl DeliveredReader {
-    pub(crate) fn new(config: &Config) -> Result<DeliveredReader> {
+    /// `committed`: read what transactions committed (the fold rejects'
+    /// producer is transactional), ending at each partition's last stable
+    /// offset; else every record, with the `UNCOMMITTED_TAIL`.
+    pub(crate) fn new(config: &Config, committed: bool) -> Result<DeliveredReader> {
         // The dead letters' cluster: `errors.producer` may name another one
         // than `[kafka]` (its producer-only properties are ignored here).
         let mut cc = client::consumer_config(config);
@@ -63,12 +70,21 @@ impl DeliveredReader {
             cc.set(k, v);
         }
         cc.set("enable.partition.eof", "true");
-        // Every record there is, transactional or not: an idempotent
+        // Without transactions, every record there is: an idempotent
         // producer's last batches must be seen (tansu 0.6's stable offset
-        // can trail them).
-        cc.set("isolation.level", "read_uncommitted");
+        // can trail them). With them, only what was committed: an aborted
+        // attempt's rejects are not on the topic for any reader that counts.
+        // The watermark queries follow the same isolation (librdkafka's
+        // ListOffsets), so a partition's end is its last stable offset.
+        let (isolation, tail) = if committed {
+            ("read_committed", Duration::ZERO)
+        } else {
+            ("read_uncommitted", UNCOMMITTED_TAIL)
+        };
+        cc.set("isolation.level", isolation);
         Ok(DeliveredReader {
             consumer: Arc::new(Mutex::new(cc.create_with_context(QuietContext)?)),
+            tail,
         })
     }
 
@@ -81,9 +97,10 @@ impl DeliveredReader {
         since: Option<PartitionOffsets>,
     ) -> Result<Found> {
         let consumer = self.consumer.clone();
+        let tail = self.tail;
         tokio::task::spawn_blocking(move || {
             let c = consumer.lock().unwrap_or_else(|e| e.into_inner());
-            read_blocking(&c, &topics, since.as_ref())
+            read_blocking(&c, &topics, since.as_ref(), tail)
         })
         .await
         .map_err(|e| Error::Other(format!("dead-letter read task: {e}")))?
@@ -98,6 +115,7 @@ fn read_blocking(
     c: &BaseConsumer<QuietContext>,
     topics: &[String],
     since: Option<&PartitionOffsets>,
+    tail: Duration,
 ) -> Result<Found> {
     let mut found = Found::default();
     let mut tpl = TopicPartitionList::new();
@@ -157,8 +175,8 @@ fn read_blocking(
     if todo.is_empty() && since.is_none() {
         return Ok(found);
     }
-    // Partitions already at their reported end are read too, for `TAIL`.
-    if let Some(since) = since {
+    // Partitions already at their reported end are read too, for the tail.
+    if let (Some(since), false) = (since, tail.is_zero()) {
         for (t, parts) in &found.ends {
             for (&p, &high) in parts {
                 if !todo.contains_key(&(t.clone(), p))
@@ -181,7 +199,7 @@ fn read_blocking(
     let outcome = loop {
         if todo.is_empty() {
             let since = *tail_from.get_or_insert_with(Instant::now);
-            if since.elapsed() >= TAIL {
+            if since.elapsed() >= tail {
                 break Ok(found);
             }
         }
