@@ -752,7 +752,7 @@ impl Write {
 /// epochs; one that gave up on its own WAL store, `Error::WalUnavailable`
 /// (reopening it replays whatever landed).
 pub fn fenced_or(e: lance::Error, table: &str, bucket: u32, shard: Uuid, what: &str) -> Error {
-    match e.fence_reason() {
+    match e.fence_reason().or_else(|| stringified_fence(&e)) {
         Some(lance_core::FenceReason::PersistenceFailure) => Error::WalUnavailable {
             table: table.to_string(),
             bucket,
@@ -772,9 +772,49 @@ pub fn fenced_or(e: lance::Error, table: &str, bucket: u32, shard: Uuid, what: &
     }
 }
 
+/// A fence that reached us as text: a memtable flush runs in Lance's
+/// background task, and its error comes back as an IO error carrying the
+/// fence's message (seen in the chaos `members` phase: a member frozen past
+/// its session exited on "LanceError(IO): Writer fenced (peer claimed
+/// epoch)" instead of rejoining). Lance keeps the `Writer fenced (<reason>)`
+/// prefix for such readers.
+fn stringified_fence(e: &lance::Error) -> Option<lance_core::FenceReason> {
+    let text = e.to_string();
+    if text.contains("Writer fenced (peer claimed epoch)") {
+        Some(lance_core::FenceReason::PeerClaimedEpoch)
+    } else if text.contains("Writer fenced (persistence failure)") {
+        Some(lance_core::FenceReason::PersistenceFailure)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fence_stringified_into_an_io_error_is_still_a_fence() {
+        let shard = Uuid::nil();
+        let io =
+            |text: &str| lance::Error::io_source(Box::new(std::io::Error::other(text.to_string())));
+        let peer =
+            io("Writer fenced (peer claimed epoch): local epoch 6 < stored epoch 7 for shard x");
+        assert!(matches!(
+            fenced_or(peer, "t", 3, shard, "flush"),
+            Error::Fenced { .. }
+        ));
+        let lost = io("Writer fenced (persistence failure): wal write failed");
+        assert!(matches!(
+            fenced_or(lost, "t", 3, shard, "flush"),
+            Error::WalUnavailable { .. }
+        ));
+        let other = io("connection reset");
+        assert!(matches!(
+            fenced_or(other, "t", 3, shard, "flush"),
+            Error::Lance { .. }
+        ));
+    }
 
     #[test]
     fn one_pass_split_keeps_every_row_once_in_order() {
