@@ -73,6 +73,13 @@ pub enum Error {
     },
     #[error("dead-letter topic {topic}: {reason}")]
     DeadLetter { topic: String, reason: String },
+    /// Another process became the graph's folder: its fold-reject
+    /// producer's init fenced this one's (docs/dead-letters.md).
+    #[error("the fold-reject producer {transactional_id} was fenced by a newer folder: {reason}")]
+    ProducerFenced {
+        transactional_id: String,
+        reason: String,
+    },
     #[error("record {topic}/{partition}@{offset} rejected ({code}) and errors.tolerance is \"none\": {message}")]
     Intolerable {
         topic: String,
@@ -138,7 +145,7 @@ impl Error {
             }
             Error::Decode { .. } | Error::Intolerable { .. } => ErrorKind::BadInput,
             Error::DeadLetter { .. } | Error::Unassigned { .. } => ErrorKind::Retry,
-            Error::Fenced { .. } => ErrorKind::Fenced,
+            Error::Fenced { .. } | Error::ProducerFenced { .. } => ErrorKind::Fenced,
             Error::WalUnavailable { .. } => ErrorKind::Retry,
             Error::CommitConflict { .. } | Error::Kafka(_) | Error::Failpoint(_) => {
                 ErrorKind::Retry

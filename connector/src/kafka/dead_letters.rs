@@ -302,7 +302,9 @@ impl DeadLetters {
         if let Some(since) = once {
             let mut fold = self.fold.lock().await;
             if !matches!(*fold, FoldMode::ReadBack) {
-                return self.deliver_in_transactions(&mut fold, rejects, since, stop).await;
+                return self
+                    .deliver_in_transactions(&mut fold, rejects, since, stop)
+                    .await;
             }
         }
         self.deliver_read_back(rejects, once, stop).await
@@ -350,7 +352,9 @@ impl DeadLetters {
                         return Ok(());
                     }
                     if once.is_some() {
-                        crate::failpoints::hit(crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_PRODUCE)?;
+                        crate::failpoints::hit(
+                            crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_PRODUCE,
+                        )?;
                     }
                     // The first round runs to its end (bounded by
                     // message.timeout.ms), so a graceful stop still delivers
@@ -437,41 +441,45 @@ impl DeadLetters {
                     delivery.round(0, todo.len(), false);
                     format!("cannot start the transactional producer: {e}")
                 }
-                Ok(Some(producer)) => {
-                    match self.skip_delivered(&mut todo, Some(&mut held)).await {
-                        Err(e) => {
-                            delivery.round(0, todo.len(), false);
-                            format!("cannot read what the topic holds: {e}")
+                Ok(Some(producer)) => match self.skip_delivered(&mut todo, Some(&mut held)).await {
+                    Err(e) => {
+                        delivery.round(0, todo.len(), false);
+                        format!("cannot read what the topic holds: {e}")
+                    }
+                    Ok(skipped) => {
+                        delivery.skipped(skipped);
+                        if todo.is_empty() {
+                            return Ok(());
                         }
-                        Ok(skipped) => {
-                            delivery.skipped(skipped);
-                            if todo.is_empty() {
+                        crate::failpoints::hit(
+                            crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_PRODUCE,
+                        )?;
+                        match self.transaction(&producer, &todo).await {
+                            Ok(()) => {
+                                delivery.round(todo.len(), 0, true);
                                 return Ok(());
                             }
-                            crate::failpoints::hit(crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_PRODUCE)?;
-                            match self.transaction(&producer, &todo).await {
-                                Ok(()) => {
-                                    delivery.round(todo.len(), 0, true);
-                                    return Ok(());
+                            Err(f) => {
+                                delivery.round(0, todo.len(), true);
+                                if f.fenced {
+                                    *fold = FoldMode::Uninitialised;
+                                    return Err(Error::ProducerFenced {
+                                        transactional_id: self
+                                            .fold_client
+                                            .get("transactional.id")
+                                            .unwrap_or_default()
+                                            .to_string(),
+                                        reason: f.error,
+                                    });
                                 }
-                                Err(f) => {
-                                    delivery.round(0, todo.len(), true);
-                                    if f.fenced {
-                                        *fold = FoldMode::Uninitialised;
-                                        return Err(Error::DeadLetter {
-                                            topic: self.topic_for(todo[0]).to_string(),
-                                            reason: format!("another folder took over the fold rejects' transactional producer (fenced): {}", f.error),
-                                        });
-                                    }
-                                    if f.reinit {
-                                        *fold = FoldMode::Uninitialised;
-                                    }
-                                    f.error
+                                if f.reinit {
+                                    *fold = FoldMode::Uninitialised;
                                 }
+                                f.error
                             }
                         }
                     }
-                }
+                },
             };
             tracing::warn!(
                 topic = %self.topic_for(todo[0]), rejects = todo.len(), error = %failure,
@@ -560,7 +568,12 @@ impl DeadLetters {
         blocking(move || p.begin_transaction()).await?;
         let failed = self.send_all(producer, todo).await;
         if let Some(f) = failed.first() {
-            let error = format!("{} of {} produces failed: {}", failed.len(), todo.len(), f.error);
+            let error = format!(
+                "{} of {} produces failed: {}",
+                failed.len(),
+                todo.len(),
+                f.error
+            );
             let p = producer.clone();
             return match blocking(move || p.abort_transaction(TXN_TIMEOUT)).await {
                 Ok(()) => Err(TxnFailure {
@@ -575,12 +588,13 @@ impl DeadLetters {
                 }),
             };
         }
-        crate::failpoints::hit(crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_COMMIT)
-            .map_err(|e| TxnFailure {
+        crate::failpoints::hit(crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_COMMIT).map_err(
+            |e| TxnFailure {
                 error: e.to_string(),
                 reinit: true,
                 fenced: false,
-            })?;
+            },
+        )?;
         let p = producer.clone();
         blocking(move || p.commit_transaction(TXN_TIMEOUT))
             .await
@@ -668,11 +682,13 @@ struct TxnFailure {
 async fn blocking(
     f: impl FnOnce() -> rdkafka::error::KafkaResult<()> + Send + 'static,
 ) -> std::result::Result<(), TxnFailure> {
-    let outcome = tokio::task::spawn_blocking(f).await.map_err(|e| TxnFailure {
-        error: format!("transaction task: {e}"),
-        reinit: true,
-        fenced: false,
-    })?;
+    let outcome = tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| TxnFailure {
+            error: format!("transaction task: {e}"),
+            reinit: true,
+            fenced: false,
+        })?;
     outcome.map_err(|e| TxnFailure {
         fenced: is_fenced_error(&e),
         reinit: !matches!(&e, KafkaError::Transaction(t) if t.txn_requires_abort() || t.is_retriable()),
