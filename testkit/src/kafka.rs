@@ -38,7 +38,9 @@ pub fn default_libs() -> PathBuf {
 
 /// Whether `ensure_kafka` has run on this machine.
 pub fn installed() -> bool {
-    cache_dir().join(format!("kafka-{VERSION}/.complete")).exists()
+    cache_dir()
+        .join(format!("kafka-{VERSION}/.complete"))
+        .exists()
 }
 
 /// The error a caller shows when the jars are missing: never a silent skip.
@@ -85,21 +87,28 @@ fn free_port() -> Result<u16, String> {
 }
 
 /// A KRaft cluster id: 16 random bytes in URL-safe base64 without padding,
-/// as `kafka-storage random-uuid` prints (one JVM start saved).
+/// as `kafka-storage random-uuid` prints (one JVM start saved). Like
+/// Kafka's own `Uuid.randomUuid`, never one that starts with `-`, which a
+/// command line would take for an option.
 fn cluster_id() -> String {
     use std::hash::{BuildHasher, Hasher};
-    let mut bytes = [0u8; 16];
-    for half in bytes.chunks_mut(8) {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        h.write_u32(std::process::id());
-        half.copy_from_slice(&h.finish().to_le_bytes());
+    loop {
+        let mut bytes = [0u8; 16];
+        for half in bytes.chunks_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            h.write_u32(std::process::id());
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+        let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        if !id.starts_with('-') {
+            return id;
+        }
     }
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
 impl Kafka {
@@ -203,7 +212,7 @@ impl Kafka {
             let status = self
                 .java()?
                 .args(["kafka.tools.StorageTool", "format", "--standalone"])
-                .args(["--cluster-id", &cluster_id()])
+                .arg(format!("--cluster-id={}", cluster_id()))
                 .arg("--config")
                 .arg(self.properties_path())
                 .status()
@@ -244,7 +253,12 @@ impl Kafka {
                 Ok(_) | Err(_) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(200))
                 }
-                Ok(_) => return Err(format!("broker {} lists no broker{see_log}", self.bootstrap)),
+                Ok(_) => {
+                    return Err(format!(
+                        "broker {} lists no broker{see_log}",
+                        self.bootstrap
+                    ))
+                }
                 Err(e) => {
                     return Err(format!(
                         "broker {} not ready within {} s: {e}{see_log}",
@@ -301,6 +315,17 @@ impl Drop for Kafka {
 mod tests {
     use super::*;
 
+    /// One in 64 random ids starts with `-`: argparse took it for an option
+    /// and the format failed (seen in a chaos run).
+    #[test]
+    fn no_cluster_id_looks_like_an_option() {
+        for _ in 0..2000 {
+            let id = cluster_id();
+            assert_eq!(id.len(), 22, "{id}");
+            assert!(!id.starts_with('-'), "{id}");
+        }
+    }
+
     /// A restart keeps the log directory: a topic made before it is there
     /// after it.
     #[test]
@@ -316,11 +341,8 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime");
-        let topic = rdkafka::admin::NewTopic::new(
-            "kept",
-            3,
-            rdkafka::admin::TopicReplication::Fixed(1),
-        );
+        let topic =
+            rdkafka::admin::NewTopic::new("kept", 3, rdkafka::admin::TopicReplication::Fixed(1));
         for r in rt
             .block_on(admin.create_topics([&topic], &rdkafka::admin::AdminOptions::new()))
             .expect("create")
@@ -335,6 +357,10 @@ mod tests {
         let md = probe
             .fetch_metadata(Some("kept"), Duration::from_secs(10))
             .expect("metadata");
-        assert_eq!(md.topics()[0].partitions().len(), 3, "the topic survived the restart");
+        assert_eq!(
+            md.topics()[0].partitions().len(),
+            3,
+            "the topic survived the restart"
+        );
     }
 }
