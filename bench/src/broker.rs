@@ -42,7 +42,9 @@ impl Broker {
             "tansu" => BrokerBackend::Tansu(
                 tansu_bin.unwrap_or_else(graphsink_testkit::tansu::default_bin),
             ),
-            other => return Err(format!("--broker-backend {other}: expected kafka or tansu").into()),
+            other => {
+                return Err(format!("--broker-backend {other}: expected kafka or tansu").into())
+            }
         };
         let b = TestBroker::start(&backend, Some(&log_dir.join("broker.log")))
             .map_err(|e| format!("{e} (or pass --broker)"))?;

@@ -153,7 +153,8 @@ impl TestBroker {
                 let Backend::Tansu(bin) = &self.backend else {
                     unreachable!("a Kafka broker is always running")
                 };
-                let t = Tansu::start_with(Some(bin.clone()), self.log.as_deref(), &self.tansu_opts)?;
+                let t =
+                    Tansu::start_with(Some(bin.clone()), self.log.as_deref(), &self.tansu_opts)?;
                 self.running = Some(Running::Tansu(t));
                 Ok(())
             }

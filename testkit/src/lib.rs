@@ -16,6 +16,6 @@ pub mod tansu;
 
 pub use broker::{Backend as BrokerBackend, TestBroker};
 pub use faults::{Exchange, Fault, FaultProxy, Rule, RuleId};
-pub use s3::S3Server;
 pub use kafka::Kafka;
+pub use s3::S3Server;
 pub use tansu::{tie_to_parent, Options as TansuOptions, Tansu};

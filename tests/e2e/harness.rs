@@ -580,7 +580,12 @@ pub fn read_topic(topic: &str, want: usize, timeout: Duration) -> Vec<Consumed> 
 
 /// [`read_topic`] with `isolation.level` set: `read_uncommitted` also shows
 /// the records of aborted (and open) transactions.
-pub fn read_topic_as(topic: &str, want: usize, timeout: Duration, isolation: &str) -> Vec<Consumed> {
+pub fn read_topic_as(
+    topic: &str,
+    want: usize,
+    timeout: Duration,
+    isolation: &str,
+) -> Vec<Consumed> {
     use rdkafka::message::{Headers, Message};
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", broker())

@@ -424,7 +424,11 @@ async fn one_fold_reject(backend: Backend, extra: &str) -> TestGraph {
 fn is_stopped(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().starts_with('T')))
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| r.trim_start().starts_with('T'))
+        })
         .unwrap_or(false)
 }
 
@@ -450,9 +454,11 @@ async fn a_frozen_folder_cannot_deliver_a_fold_reject_twice(transactions: bool) 
         "fold.dead_letters_before_produce=stop",
     )]);
     let pid = frozen.id();
-    wait_until("the folder freezes at its produce", Duration::from_secs(60), || {
-        is_stopped(pid)
-    })
+    wait_until(
+        "the folder freezes at its produce",
+        Duration::from_secs(60),
+        || is_stopped(pid),
+    )
     .await;
     let rows = rejects_at_head(&tg).await;
     assert_eq!(rows.len(), 1, "the fold was published: {rows:?}");
@@ -513,7 +519,10 @@ async fn an_uncommitted_fold_reject_attempt_is_never_seen() {
     let tg = one_fold_reject(Backend::Local, "").await;
     let out = tg.cli(
         &["run", "--exit-at-end"],
-        &[("GRAPHSINK_FAILPOINTS", "fold.dead_letters_before_commit=error_once")],
+        &[(
+            "GRAPHSINK_FAILPOINTS",
+            "fold.dead_letters_before_commit=error_once",
+        )],
     );
     assert!(
         out.status.success(),
@@ -527,7 +536,10 @@ async fn an_uncommitted_fold_reject_attempt_is_never_seen() {
     let tg = one_fold_reject(Backend::Local, "").await;
     let out = tg.cli(
         &["run", "--exit-at-end"],
-        &[("GRAPHSINK_FAILPOINTS", "fold.dead_letters_before_commit=abort")],
+        &[(
+            "GRAPHSINK_FAILPOINTS",
+            "fold.dead_letters_before_commit=abort",
+        )],
     );
     assert!(!out.status.success(), "the failpoint aborts");
     assert_eq!(
