@@ -14,7 +14,7 @@ use base64::Engine as _;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use crate::tansu::{cache_dir, spawn_from_long_lived_thread, tie_to_parent};
+use crate::tansu::{cache_dir, log_output, spawn_from_long_lived_thread, tie_to_parent};
 
 /// The version scripts/kafka/pom.xml resolves.
 pub const VERSION: &str = "4.4.0";
@@ -164,20 +164,7 @@ impl Kafka {
 
     fn java(&self) -> Result<Command, String> {
         let mut cmd = Command::new("java");
-        let (stdout, stderr) = match &self.log {
-            Some(path) => {
-                let f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| format!("create kafka log {}: {e}", path.display()))?;
-                let g = f
-                    .try_clone()
-                    .map_err(|e| format!("kafka log {}: {e}", path.display()))?;
-                (Stdio::from(f), Stdio::from(g))
-            }
-            None => (Stdio::null(), Stdio::null()),
-        };
+        let (stdout, stderr) = log_output(self.log.as_deref())?;
         cmd.arg(format!(
             "-Dlog4j2.configurationFile={}",
             self.dir.join("log4j2.yaml").display()

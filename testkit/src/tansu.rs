@@ -88,20 +88,7 @@ impl Tansu {
             None => free_port()?,
         };
         let url = format!("tcp://127.0.0.1:{port}");
-        let (stdout, stderr) = match log {
-            Some(path) => {
-                let f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| format!("create tansu log {}: {e}", path.display()))?;
-                let g = f
-                    .try_clone()
-                    .map_err(|e| format!("tansu log {}: {e}", path.display()))?;
-                (Stdio::from(f), Stdio::from(g))
-            }
-            None => (Stdio::null(), Stdio::null()),
-        };
+        let (stdout, stderr) = log_output(log)?;
         let mut cmd = Command::new(&bin);
         cmd.args([
             "broker",
@@ -176,6 +163,22 @@ impl Drop for Tansu {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A server's stdout and stderr: appended to `log`, or discarded.
+pub(crate) fn log_output(log: Option<&Path>) -> Result<(Stdio, Stdio), String> {
+    let Some(path) = log else {
+        return Ok((Stdio::null(), Stdio::null()));
+    };
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("create server log {}: {e}", path.display()))?;
+    let g = f
+        .try_clone()
+        .map_err(|e| format!("server log {}: {e}", path.display()))?;
+    Ok((Stdio::from(f), Stdio::from(g)))
 }
 
 /// PR_SET_PDEATHSIG: the kernel kills the child if its parent dies in any

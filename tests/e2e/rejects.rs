@@ -335,24 +335,7 @@ async fn a_crash_after_the_dead_letter_produce_does_not_repeat_it(backend: Backe
 /// One fold reject, a crash at `failpoint` with `produced` copies on the
 /// topic, then two clean runs: the topic ends with exactly one copy.
 async fn crash_around_the_dead_letter_produce(backend: Backend, failpoint: &str, produced: usize) {
-    let tg = TestGraph::on(
-        backend,
-        "node Person { name: String @key }\nedge Likes: Person -> Person",
-        &[
-            "node = \"Person\"",
-            "edge = \"Likes\"\non_missing_endpoint = \"reject\"",
-        ],
-        "",
-    );
-    let (people, likes) = (&tg.topics[0], &tg.topics[1]);
-    create_topic(people, 1).await;
-    create_topic(likes, 1).await;
-    produce(people, &[rec(0, None, Some(json!({"name": "a"})))]).await;
-    produce(
-        likes,
-        &[rec(0, None, Some(json!({"src": "a", "dst": "nobody"})))],
-    )
-    .await;
+    let tg = one_fold_reject(backend, "").await;
     let out = tg.cli(
         &["run", "--exit-at-end"],
         &[("GRAPHSINK_FAILPOINTS", &format!("{failpoint}=abort"))],

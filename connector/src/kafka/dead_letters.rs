@@ -391,18 +391,7 @@ impl DeadLetters {
                     ),
                 });
             }
-            // The topics may be missing because the broker was down at start.
-            if !self.topics_ready.load(Ordering::Relaxed) {
-                tokio::select! {
-                    _ = stop.cancelled() => {}
-                    _ = self.create_topics() => {}
-                }
-            }
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(delay) => {}
-            }
-            delay = (delay * 2).min(Duration::from_secs(5));
+            self.back_off(&mut delay, stop).await;
             todo = failed.into_iter().map(|f| f.reject).collect();
         }
         Ok(())
@@ -491,18 +480,25 @@ impl DeadLetters {
                     reason: format!("stopped before delivering fold rejects: {failure}"),
                 });
             }
-            if !self.topics_ready.load(Ordering::Relaxed) {
-                tokio::select! {
-                    _ = stop.cancelled() => {}
-                    _ = self.create_topics() => {}
-                }
-            }
+            self.back_off(&mut delay, stop).await;
+        }
+    }
+
+    /// Between two failed rounds: creates the topics if they were missing
+    /// (the broker may have been down at start), then waits `delay`
+    /// (doubling it, up to 5 s), or less if `stop` is cancelled.
+    async fn back_off(&self, delay: &mut Duration, stop: &CancellationToken) {
+        if !self.topics_ready.load(Ordering::Relaxed) {
             tokio::select! {
                 _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(delay) => {}
+                _ = self.create_topics() => {}
             }
-            delay = (delay * 2).min(Duration::from_secs(5));
         }
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(*delay) => {}
+        }
+        *delay = (*delay * 2).min(Duration::from_secs(5));
     }
 
     /// When this process becomes the graph's folder: init the fold-reject
