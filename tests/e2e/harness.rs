@@ -296,9 +296,20 @@ pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64
     for p in 0..partitions {
         tpl.add_partition(topic, p);
     }
-    let got = c
-        .committed_offsets(tpl, Duration::from_secs(10))
-        .expect("committed");
+    // Retried: on a broker that just started, the first group request
+    // creates __consumer_offsets and is answered NotCoordinator (or
+    // CoordinatorLoadInProgress) until its partitions are loaded.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let got = loop {
+        match c.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+            Ok(got) => break got,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("committed offsets of {group}: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("committed offsets of {group}: {e}"),
+        }
+    };
     got.elements()
         .iter()
         .filter_map(|e| match e.offset() {
