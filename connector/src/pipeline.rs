@@ -30,7 +30,7 @@ use crate::offsets::{DurableWatermarks, PollAck, PollSpans, TopicPartition, Writ
 use crate::rejects;
 use crate::retention;
 use crate::schema::{GraphSchema, REJECTS_TABLE};
-use crate::shards::{PendingWrite, ShardPool};
+use crate::shards::{self, PendingWrite, ShardPool};
 
 /// Knobs of one run that are not part of the config file.
 #[derive(Clone, Default)]
@@ -323,6 +323,7 @@ async fn session(
         in_flight: FuturesOrdered::new(),
         assigned: BTreeSet::new(),
         unassigned_probe: None,
+        waiting_said: None,
         end_targets: None,
         queries,
         pending_rows: 0,
@@ -490,6 +491,8 @@ struct RunLoop<'a> {
     assigned: BTreeSet<TopicPartition>,
     /// When `at_end_unassigned` last asked the broker.
     unassigned_probe: Option<tokio::time::Instant>,
+    /// When `at_end_unassigned` last said why it waits.
+    waiting_said: Option<tokio::time::Instant>,
     /// End offsets to reach, for `exit_at_end`.
     end_targets: Option<BTreeMap<TopicPartition, i64>>,
     /// Watermark and committed-offset queries, for `exit_at_end` and the
@@ -1005,12 +1008,7 @@ impl RunLoop<'_> {
     }
 
     async fn at_end(&mut self) -> Result<bool> {
-        // Under partition sharding a member without partitions claims no
-        // shard and does not fold: ending would leave rows in the WAL.
-        if self.assigned.is_empty()
-            && self.in_flight.is_empty()
-            && self.config.wal.sharding == Sharding::Bucket
-        {
+        if self.assigned.is_empty() && self.in_flight.is_empty() {
             return self.at_end_unassigned().await;
         }
         // Quiet too, if asked: some brokers (tansu 0.6) report a high
@@ -1056,11 +1054,16 @@ impl RunLoop<'_> {
 
     /// A member holding nothing is at the end once it has held nothing for
     /// the stall bound and the group has committed every mapped partition
-    /// to its end: nothing is left that it could be given. tansu 0.6 can
-    /// leave a lone member in a stable group with no assignment (a member
-    /// that replaced a killed one); with no lag the stall watch rightly
-    /// does nothing, and `--exit-at-end` waited forever (docs/retention.md,
-    /// the crash test on S3). Looks once a second at most.
+    /// to its end: nothing is left that it could be given. Under partition
+    /// sharding it also needs the graph to hold everything durable: it
+    /// claims no shard and does not fold, so a WAL left by a crashed member
+    /// (or a live member's, not yet folded) would be left behind; until
+    /// then it waits for the folding member, or for a rebalance that makes
+    /// it the folder, and says so every 30 s. tansu 0.6 could leave a lone
+    /// member in a stable group with no assignment; with no lag the stall
+    /// watch rightly does nothing, and `--exit-at-end` used to wait forever
+    /// and silently (docs/retention.md, docs/kafka.md). Looks once a second
+    /// at most.
     async fn at_end_unassigned(&mut self) -> Result<bool> {
         let now = tokio::time::Instant::now();
         let waited = self.stall.unassigned_for(now).unwrap_or_default();
@@ -1075,17 +1078,54 @@ impl RunLoop<'_> {
             .into_iter()
             .map(String::from)
             .collect();
-        match self.queries.progress(topics).await {
-            Ok(seen) if seen.lag == 0 => {
-                tracing::info!(held_nothing_for = ?waited, "holding no partition, and the group has committed every mapped partition to its end");
-                Ok(true)
-            }
-            Ok(_) => Ok(false),
+        let lag = match self.queries.progress(topics).await {
+            Ok(seen) => seen.lag,
             Err(e) => {
-                tracing::debug!(error = %e, "exit-at-end: cannot read the group's progress");
-                Ok(false)
+                self.say_waiting(format!("cannot read the group's progress: {e}"));
+                return Ok(false);
+            }
+        };
+        if lag > 0 {
+            self.say_waiting(format!(
+                "the group's lag on the mapped topics is {lag}; waiting for an assignment or for the members holding them"
+            ));
+            return Ok(false);
+        }
+        if self.config.wal.sharding == Sharding::Partition {
+            match shards::unfolded(self.pool.graph()).await {
+                Ok(u) if u.is_empty() => {}
+                Ok(u) => {
+                    self.say_waiting(format!(
+                        "the group has committed every mapped partition to its end, but the graph has not folded {} flushed generations and the WAL of {} shards; waiting for the member holding the fold partition, or for a rebalance that gives it to this one",
+                        u.generations, u.wal_shards
+                    ));
+                    return Ok(false);
+                }
+                Err(e) => {
+                    self.say_waiting(format!("cannot read what the graph has not folded: {e}"));
+                    return Ok(false);
+                }
             }
         }
+        tracing::info!(held_nothing_for = ?waited, "holding no partition, and the group has committed every mapped partition to its end");
+        Ok(true)
+    }
+
+    /// `--exit-at-end` while holding nothing: why it does not end yet, once
+    /// and then every 30 s, so it never waits without saying so.
+    fn say_waiting(&mut self, why: String) {
+        let now = tokio::time::Instant::now();
+        if self
+            .waiting_said
+            .is_some_and(|t| now - t < Duration::from_secs(30))
+        {
+            return;
+        }
+        self.waiting_said = Some(now);
+        tracing::info!(
+            event = "exit_at_end_waiting",
+            "exit-at-end: holding no partition; {why}"
+        );
     }
 
     /// While holding no partition: once a bound has passed, looks at the

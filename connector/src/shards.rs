@@ -9,7 +9,7 @@ use arrow::array::{Array, AsArray, Int32Array, RecordBatch, StringArray, UInt32A
 use arrow::datatypes::Int32Type;
 use lance::dataset::mem_wal::{
     evaluate_sharding_spec, BatchDurableWatcher, DatasetMemWalExt, FreezeFence, ShardManifestStore,
-    ShardWriter, ShardWriterConfig,
+    ShardWriter, ShardWriterConfig, WalTailer,
 };
 use lance::Dataset;
 use lance_index::mem_wal::{MemWalIndexDetails, ShardManifest, ShardingSpec};
@@ -100,6 +100,59 @@ pub fn markers_of(details: &MemWalIndexDetails) -> HashMap<Uuid, u64> {
         .iter()
         .map(|c| (c.shard_id, c.generation))
         .collect()
+}
+
+/// What is durable in the MemWAL tier but not in the published graph.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Unfolded {
+    /// Flushed generations past the head's compacted markers.
+    pub generations: usize,
+    /// Shards with rows in WAL entries past their replay mark (a live
+    /// memtable, or a crashed writer's, that no flush has covered yet).
+    pub wal_shards: usize,
+}
+
+impl Unfolded {
+    pub fn is_empty(&self) -> bool {
+        self.generations == 0 && self.wal_shards == 0
+    }
+}
+
+/// Everything durable the head commit has not folded, over every shard of
+/// every table it pins. WAL entries are read with Lance's `WalTailer` (no
+/// claim, nothing written); a fence sentinel has no rows and does not count.
+pub async fn unfolded(graph: &Graph) -> Result<Unfolded> {
+    let head = graph.head().await?;
+    let mut out = Unfolded::default();
+    for (table, &version) in &head.tables {
+        let ds = graph.open_table(table, Some(version)).await?;
+        let Some(details) = ds.mem_wal_index_details().await.ctx(table)? else {
+            continue;
+        };
+        let markers = markers_of(&details);
+        let store = ds.object_store(None).await.ctx("object store")?;
+        for bucket in 0..shard_count(graph, table)? {
+            let shard = shard_id(table, bucket);
+            let Some(m) = latest_manifest(&ds, shard).await? else {
+                continue;
+            };
+            let upto = markers.get(&shard).copied().unwrap_or(0);
+            out.generations += m.sstables.iter().filter(|g| g.generation > upto).count();
+            let tail = WalTailer::new(store.clone(), ds.branch_location().path, shard);
+            let end = tail
+                .next_position()
+                .await
+                .ctx(format!("WAL tip of {shard}"))?;
+            for pos in m.replay_after_wal_entry_position + 1..end {
+                let entry = tail.read_entry(pos).await.ctx(format!("WAL of {shard}"))?;
+                if entry.is_some_and(|e| e.batches.iter().any(|b| b.num_rows() > 0)) {
+                    out.wal_shards += 1;
+                    break;
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Who claimed a shard last, as that process noted it beside the graph
@@ -311,6 +364,11 @@ impl ShardPool {
             wal: wal.clone(),
             parked: BTreeMap::new(),
         })
+    }
+
+    /// The graph the pool writes.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
     }
 
     /// Claims each (table, bucket) not held yet: opens its writer, which

@@ -662,3 +662,116 @@ async fn the_home_delete_of_an_id_read_from_two_partitions_sees_its_edges() {
         ]
     );
 }
+
+/// `--exit-at-end` on a member that holds no partition (a topic of one
+/// partition, kept by the first member under `cooperative-sticky`): it
+/// claims no shard and does not fold, so it ends only once the group has
+/// committed every partition to its end **and** the graph holds everything
+/// durable. While the other member keeps its rows unfolded (a fold interval
+/// of an hour) it waits, saying so; once that member has stopped (its last
+/// fold lands, or its partition moves here) it ends. With a folding member
+/// beside it, it ends while that member goes on. Before, it waited
+/// silently, for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_holding_nothing_ends_at_exit_at_end_once_the_graph_holds_everything() {
+    use std::sync::Arc;
+    crate::init_logs();
+    let tg = TestGraph::new(&["node = \"Person\""], MEMBERS);
+    let topic = tg.topics[0].clone();
+    create_topic(&topic, 1).await;
+    let batch = |round: i32| -> Vec<Rec> {
+        (0..20)
+            .map(|i| {
+                let n = format!("p{i}");
+                rec(0, Some(&n), Some(json!({"name": n, "age": round})))
+            })
+            .collect()
+    };
+    let config = |fold_every: Duration| {
+        let mut c = tg.config();
+        c.fold.interval = fold_every;
+        c.offsets.stall_timeout = Some(Duration::from_secs(2));
+        // Sticky: the partition stays with the member that has it.
+        c.kafka.insert(
+            "partition.assignment.strategy".into(),
+            "cooperative-sticky".into(),
+        );
+        c
+    };
+    let holding_nothing = || {
+        let stats = Arc::new(graphsink::RunStats::default());
+        let options = graphsink::RunOptions {
+            exit_at_end: true,
+            stats: Some(stats.clone()),
+            ..Default::default()
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(graphsink::run_with(
+            config(Duration::from_secs(1)),
+            options,
+            stop,
+        ));
+        (task, stats)
+    };
+    let all_committed = || committed(&tg.group, &topic, 1) == end_offsets(&topic, 1);
+
+    // 1. The member with the partition folds nothing: the other waits.
+    let (a, a_stop) = start_member(
+        config(Duration::from_secs(3600)),
+        Arc::new(graphsink::RunStats::default()),
+    );
+    produce(&topic, &batch(1)).await;
+    wait_until("round 1 committed", Duration::from_secs(60), all_committed).await;
+    let (b, b_stats) = holding_nothing();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        !b.is_finished(),
+        "ended with 20 committed rows in the WAL and none in the graph"
+    );
+    assert_eq!(
+        b_stats.consumed.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert!(
+        tg.rows("nodes/Person").await.is_empty(),
+        "nothing folded yet"
+    );
+    a_stop.cancel();
+    a.await.unwrap().expect("the first member stops cleanly");
+    tokio::time::timeout(Duration::from_secs(60), b)
+        .await
+        .expect("the waiting member ends once nothing is left unfolded")
+        .unwrap()
+        .expect("and ends cleanly");
+    assert_eq!(tg.rows("nodes/Person").await.len(), 20);
+
+    // 2. Beside a member that folds, it ends while that member goes on.
+    let (a, a_stop) = start_member(
+        config(Duration::from_secs(1)),
+        Arc::new(graphsink::RunStats::default()),
+    );
+    produce(&topic, &batch(2)).await;
+    wait_for("round 2 in the graph", Duration::from_secs(60), || async {
+        all_committed()
+            && tg
+                .rows("nodes/Person")
+                .await
+                .values()
+                .all(|r| r["age"] == json!(2))
+    })
+    .await;
+    let (b, b_stats) = holding_nothing();
+    let summary = tokio::time::timeout(Duration::from_secs(60), b)
+        .await
+        .expect("a member holding nothing ends beside a folding member")
+        .unwrap()
+        .expect("cleanly");
+    assert_eq!(summary.records, 0);
+    assert_eq!(
+        b_stats.consumed.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert!(!a.is_finished(), "the folding member goes on");
+    a_stop.cancel();
+    a.await.unwrap().expect("the folding member stops cleanly");
+}
