@@ -802,7 +802,12 @@ impl Config {
     /// one type"); `cooperative-sticky` and `roundrobin` would split them,
     /// and two members would claim one shard and fence each other in turn.
     fn validate_copartitioned_assignor(&self) -> Result<()> {
-        let Some(strategy) = self.kafka.get("partition.assignment.strategy") else {
+        // KIP-848's protocol names its (server-side) assignor elsewhere.
+        let key = match self.kafka.get("group.protocol").map(|p| p.trim()) {
+            Some("consumer") => "group.remote.assignor",
+            _ => "partition.assignment.strategy",
+        };
+        let Some(strategy) = self.kafka.get(key) else {
             return Ok(()); // graphsink sets `range` under partition sharding
         };
         let Some((a, b)) = self.mappings.iter().enumerate().find_map(|(i, a)| {
@@ -817,7 +822,7 @@ impl Config {
             return Ok(());
         }
         Err(Error::config(format!(
-            "kafka.\"partition.assignment.strategy\" = \"{strategy}\": topics {} and {} both feed \
+            "kafka.\"{key}\" = \"{strategy}\": topics {} and {} both feed \
              {}, and under wal.sharding = \"partition\" partition p of both must go to one member; \
              only \"range\" (graphsink's default here) assigns them so",
             a.topic,
@@ -1387,7 +1392,13 @@ node = "Person"
         // `range` (set or by default), one topic per type, or bucket
         // sharding: nothing to keep together.
         let range = "\"partition.assignment.strategy\" = \"range\"";
+        let uniform = "\"group.protocol\" = \"consumer\"\n\"group.remote.assignor\" = \"uniform\"";
+        let e =
+            Config::from_toml(&cfg(uniform, "Person", "partition"), Path::new("/")).unwrap_err();
+        assert!(e.to_string().contains("group.remote.assignor"), "{e}");
+        let next_gen = "\"group.protocol\" = \"consumer\"";
         for ok in [
+            cfg(next_gen, "Person", "partition"),
             cfg(range, "Person", "partition"),
             cfg("", "Person", "partition"),
             cfg(sticky, "Company", "partition"),

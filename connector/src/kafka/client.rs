@@ -13,6 +13,8 @@ use crate::config::{Config, Sharding};
 const CONSUMER_ONLY: &[&str] = &[
     "group.id",
     "group.instance.id",
+    "group.protocol",
+    "group.remote.assignor",
     "auto.offset.reset",
     "enable.auto.commit",
     "enable.auto.offset.store",
@@ -57,17 +59,24 @@ pub const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
 /// cannot give up.
 pub(crate) fn consumer_config(config: &Config) -> ClientConfig {
     let mut cc = ClientConfig::new();
+    // KIP-848's protocol assigns on the broker: librdkafka refuses a
+    // client-side strategy (and session or heartbeat settings) with it.
+    let next_gen = config.kafka.get("group.protocol").map(|p| p.trim()) == Some("consumer");
     for (k, v) in CONSUMER_DEFAULTS {
-        cc.set(*k, *v);
+        if !(next_gen && *k == "partition.assignment.strategy") {
+            cc.set(*k, *v);
+        }
     }
     if config.wal.sharding == Sharding::Partition {
-        // A shard has one writer: its partition must leave one member
-        // before another gets it. Eager `range` revokes everything first;
-        // on tansu 0.6 `cooperative-sticky` under churn (a member
-        // restarting with a new id) assigned a partition still held by
-        // another member, and the two fenced each other in turn
-        // (docs/scale-out.md). Users may still override it.
-        cc.set("partition.assignment.strategy", "range");
+        // A shard has one writer, and co-partitioned topics must go to one
+        // member together: `range` does both (docs/kafka.md has the
+        // figures that chose it over `cooperative-sticky` and KIP-848's
+        // protocol; docs/scale-out.md the tansu history). Users may still
+        // override it.
+        match next_gen {
+            true => cc.set("group.remote.assignor", "range"),
+            false => cc.set("partition.assignment.strategy", "range"),
+        };
     }
     for (k, v) in &config.kafka {
         cc.set(k, v);
@@ -209,6 +218,32 @@ mod tests {
             Some("cooperative-sticky")
         );
         assert_eq!(cc.get("group.id"), Some("g"));
+    }
+
+    #[test]
+    fn kip_848s_protocol_gets_no_client_side_strategy_and_range_on_the_broker() {
+        let pairs = [
+            ("bootstrap.servers", "b:9092"),
+            ("group.id", "g"),
+            ("group.protocol", "consumer"),
+        ];
+        let cc = consumer_config(&config(&pairs));
+        assert_eq!(cc.get("partition.assignment.strategy"), None);
+        assert_eq!(cc.get("group.remote.assignor"), None, "the broker's choice");
+        let mut sharded = config(&pairs);
+        sharded.wal.sharding = Sharding::Partition;
+        let cc = consumer_config(&sharded);
+        assert_eq!(cc.get("partition.assignment.strategy"), None);
+        assert_eq!(cc.get("group.remote.assignor"), Some("range"));
+        // librdkafka itself accepts what is left.
+        let consumer: Result<rdkafka::consumer::BaseConsumer, _> = cc.create();
+        assert!(consumer.is_ok(), "{:?}", consumer.err());
+        // The classic protocol under partition sharding: eager `range`.
+        let mut classic = config(&pairs[..2]);
+        classic.wal.sharding = Sharding::Partition;
+        let cc = consumer_config(&classic);
+        assert_eq!(cc.get("partition.assignment.strategy"), Some("range"));
+        assert_eq!(producer_config(&kafka(&pairs)).get("group.protocol"), None);
     }
 
     #[test]
