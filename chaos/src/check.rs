@@ -219,6 +219,105 @@ pub fn committed(
         .collect())
 }
 
+/// The group's committed offsets and the topics' end offsets, each summed
+/// over `topics`, sampled every 250 ms on a thread of its own until
+/// dropped: what the group made durable over time, and how far behind it
+/// fell, to see what a rebalance held up.
+pub struct CommitSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    samples: std::sync::Arc<std::sync::Mutex<Vec<(std::time::SystemTime, i64, i64)>>>,
+}
+
+impl CommitSampler {
+    pub fn start(bootstrap: &str, group: &str, topics: Vec<(String, i32)>) -> Res<CommitSampler> {
+        let consumer: BaseConsumer = client(bootstrap)
+            .set("group.id", group)
+            .create()
+            .map_err(|e| format!("sampler client: {e}"))?;
+        let mut tpl = TopicPartitionList::new();
+        for (t, n) in &topics {
+            for p in 0..*n {
+                tpl.add_partition(t, p);
+            }
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, out) = (stop.clone(), samples.clone());
+        std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(got) = consumer.committed_offsets(tpl.clone(), Duration::from_secs(5)) {
+                    let sum = got
+                        .elements()
+                        .iter()
+                        .map(|e| match e.offset() {
+                            Offset::Offset(n) => n,
+                            _ => 0,
+                        })
+                        .sum();
+                    let ends: Option<i64> = tpl
+                        .elements()
+                        .iter()
+                        .map(|e| {
+                            consumer
+                                .fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(5))
+                                .ok()
+                                .map(|(_, high)| high)
+                        })
+                        .sum();
+                    if let Some(ends) = ends {
+                        out.lock()
+                            .unwrap()
+                            .push((std::time::SystemTime::now(), sum, ends));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        Ok(CommitSampler { stop, samples })
+    }
+
+    /// Over `window` from `at`: records committed per second, the longest
+    /// stretch in which the group committed nothing, and the most records
+    /// produced but not yet committed.
+    pub fn around(&self, at: std::time::SystemTime, window: Duration) -> (f64, f64, i64) {
+        let samples = self.samples.lock().unwrap();
+        let end = at + window;
+        let inside: Vec<_> = samples
+            .iter()
+            .filter(|(t, _, _)| *t >= at && *t <= end)
+            .collect();
+        let (Some(first), Some(last)) = (inside.first(), inside.last()) else {
+            return (f64::NAN, f64::NAN, -1);
+        };
+        let span = last
+            .0
+            .duration_since(first.0)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let rate = (last.1 - first.1) as f64 / span.max(0.001);
+        let (mut pause, mut since) = (0.0f64, first.0);
+        for w in inside.windows(2) {
+            if w[1].1 > w[0].1 {
+                since = w[1].0;
+            }
+            pause = pause.max(
+                w[1].0
+                    .duration_since(since)
+                    .unwrap_or_default()
+                    .as_secs_f64(),
+            );
+        }
+        let lag = inside.iter().map(|s| s.2 - s.1).max().unwrap_or(-1);
+        (rate, pause, lag)
+    }
+}
+
+impl Drop for CommitSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// The graph at its head commit, read with plain Lance.
 pub struct Snapshot {
     pub seq: u64,
