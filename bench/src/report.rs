@@ -51,6 +51,9 @@ pub struct Report {
     pub fold_peak_rss_mib: Option<f64>,
     pub fold_start_rss_mib: Option<f64>,
     pub bare_records_per_s: f64,
+    /// The broker's CPU in each phase, in cores (a broker the bench
+    /// started; none for `--broker`).
+    pub broker_cpu_cores: std::collections::BTreeMap<String, f64>,
     pub bare_peak_rss_mib: Option<f64>,
     pub direct_records_per_s: f64,
     pub direct_batches: u64,
@@ -217,6 +220,14 @@ impl Report {
             self.graphsink_nofold_records_per_s,
             self.graphsink_nofold_peak_rss_mib,
         );
+        if !self.broker_cpu_cores.is_empty() {
+            let phases: Vec<String> = self
+                .broker_cpu_cores
+                .iter()
+                .map(|(p, c)| format!("{p} {c:.2}"))
+                .collect();
+            println!("broker CPU, cores: {}", phases.join(", "));
+        }
         println!("{:-<78}", "");
         self.print_ratios_and_latency();
     }

@@ -338,18 +338,28 @@ fn kind(target: &str) -> String {
     format!("{what}{step}")
 }
 
-/// The bench process's CPU over a stretch of wall time, in cores.
-pub struct SelfCpu(Instant, Option<u64>);
+/// A process's CPU over a stretch of wall time, in cores: the bench's
+/// own, or another's by pid (the broker's).
+pub struct SelfCpu(Instant, Option<u64>, Option<u32>);
 
 impl SelfCpu {
     pub fn start() -> SelfCpu {
-        SelfCpu(Instant::now(), cpu_ticks_self())
+        SelfCpu(Instant::now(), cpu_ticks_self(), None)
+    }
+
+    /// `pid`'s CPU from now (`None`: nothing to measure, `cores` is `None`).
+    pub fn of(pid: Option<u32>) -> SelfCpu {
+        SelfCpu(Instant::now(), pid.and_then(cpu_ticks), pid)
     }
 
     pub fn cores(&self) -> Option<f64> {
         let secs = self.0.elapsed().as_secs_f64().max(1e-9);
+        let now = match self.2 {
+            Some(pid) => cpu_ticks(pid),
+            None => cpu_ticks_self(),
+        };
         self.1
-            .zip(cpu_ticks_self())
+            .zip(now)
             .map(|(a, b)| b.saturating_sub(a) as f64 / TICKS_PER_S / secs)
     }
 }
