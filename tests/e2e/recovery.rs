@@ -730,3 +730,98 @@ crate::on_every_backend!(
     fold_crash_windows_roll_forward_to_one_commit,
     racing_publishers_one_wins_the_other_retries,
 );
+
+/// A fold plan records whether its folder deferred `reject` edges (a
+/// partition-sharded folder that does not hold every partition: an
+/// endpoint may sit in another member's memtable), and whoever executes the
+/// plan decides alike. The next folder rolls an interrupted plan forward
+/// with the config's policies; before the plan carried the deferral, that
+/// roll-forward rejected the fresh dangling edges the first attempt had
+/// deferred, skipped the `_ingest_rejects` the first attempt had already
+/// written, and those rejects reached neither sink (the chaos `members`
+/// phase, seed 2, 2026-12-06: 29 of them). Here the plan is executed with
+/// the config's policies, as `recover` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_plan_is_checked_under_the_policies_it_was_planned_with() {
+    use graphsink::testing::{execute, plan, Policies, RecordDecoder, ShardPool};
+    crate::init_logs();
+    let tg = TestGraph::with_schema(
+        "node Person { name: String @key }\nedge Likes: Person -> Person",
+        &[
+            "node = \"Person\"",
+            "edge = \"Likes\"\non_missing_endpoint = \"reject\"",
+        ],
+        "",
+    );
+    let cfg = tg.config();
+    let g = local_graph(&tg).await;
+    let policies = Policies::from_config(&cfg);
+    let pool = ShardPool::open(&g, &cfg.wal, &g.wal_tables())
+        .await
+        .unwrap();
+    let mut decoder = RecordDecoder::new(g.schema(), &cfg.mappings[1], 16, 1 << 20).unwrap();
+    let topic = tg.topics[1].clone();
+    let spans = graphsink::testing::WrittenSpans::default();
+
+    let cut = dangle(&mut decoder, &pool, &topic, 0).await;
+    let head = g.head().await.unwrap();
+    let mut deferring = plan(&g, &policies, &head, &Some(cut), &spans, "deferring")
+        .await
+        .unwrap()
+        .expect("something to fold");
+    deferring.defer_rejects_ms = Some(60_000);
+    let folded = execute(&g, &policies, &deferring).await.unwrap();
+    assert_eq!(folded.commit.stats["edges/Likes"].rejected, 0);
+    assert!(
+        rejects_at_head(&tg).await.is_empty(),
+        "deferred, not refused"
+    );
+    let pending = tg.rows("_pending/Likes").await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+
+    // A plan made without the deferral refuses at once: the setup can tell.
+    let cut = dangle(&mut decoder, &pool, &topic, 1).await;
+    let head = g.head().await.unwrap();
+    let plain = plan(&g, &policies, &head, &Some(cut), &spans, "plain")
+        .await
+        .unwrap()
+        .expect("something to fold");
+    execute(&g, &policies, &plain).await.unwrap();
+    let rejects = rejects_at_head(&tg).await;
+    assert!(
+        rejects
+            .iter()
+            .any(|r| r["offset"] == json!(1) && r["code"] == json!("endpoint_not_found")),
+        "{rejects:?}"
+    );
+    pool.close().await.unwrap();
+}
+
+/// One dangling `Likes` edge into the WAL, then a cut: what a fold takes.
+async fn dangle(
+    decoder: &mut graphsink::testing::RecordDecoder,
+    pool: &graphsink::testing::ShardPool,
+    topic: &str,
+    offset: i64,
+) -> std::collections::HashMap<uuid::Uuid, u64> {
+    let value = json!({"src": "a", "dst": format!("nobody{offset}")}).to_string();
+    let rec = graphsink::testing::SourceRecord {
+        topic,
+        partition: 0,
+        offset,
+        timestamp: None,
+        key: None,
+        value: Some(value.as_bytes()),
+        message: None,
+    };
+    let batch = decoder.decode(&[rec]).unwrap().upserts.unwrap();
+    for w in pool.tables["edges/Likes"].put(batch).await.unwrap() {
+        w.wait().await.unwrap();
+    }
+    let mut cut = std::collections::HashMap::new();
+    for f in pool.freeze_all().await.unwrap() {
+        cut.insert(f.shard, f.upto_generation);
+        f.fence.wait().await.unwrap();
+    }
+    cut
+}

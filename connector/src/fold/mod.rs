@@ -87,6 +87,12 @@ pub struct StageTimes {
 /// Executes a plan: read → check → write → publish. Idempotent: tables
 /// whose last pass of this plan is committed are not written again.
 pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Result<Folded> {
+    // The policies the plan was made under, whoever executes it: a
+    // roll-forward that decided otherwise would skip the tables the
+    // interrupted attempt wrote (its `_ingest_rejects` among them) and
+    // write the rest by another decision, losing the rejects in between.
+    let policies = plan.policies(policies);
+    let policies: &Policies = &policies;
     let mut stages = StageTimes::default();
     let mut clock = std::time::Instant::now();
     let mut lap = |slot: &mut f64| {

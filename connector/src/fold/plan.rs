@@ -43,6 +43,26 @@ pub struct FoldPlan {
     /// folder to the dead-letter offsets it has seen.
     #[serde(default)]
     pub dead_letter_since: PartitionOffsets,
+    /// The grace for which `on_missing_endpoint = "reject"` was deferred
+    /// (`Policies::deferring_rejects`: partition sharding, the folder not
+    /// holding every partition). Part of the plan because every execution
+    /// of it, a roll-forward by another member included, must check alike:
+    /// tables written before an interruption are not written again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defer_rejects_ms: Option<u64>,
+}
+
+impl FoldPlan {
+    /// The policies this plan is checked under: `config`'s, with rejects
+    /// deferred when the folder that planned it deferred them.
+    pub(crate) fn policies<'a>(&self, config: &'a Policies) -> std::borrow::Cow<'a, Policies> {
+        match self.defer_rejects_ms {
+            Some(ms) => std::borrow::Cow::Owned(
+                config.deferring_rejects(std::time::Duration::from_millis(ms)),
+            ),
+            None => std::borrow::Cow::Borrowed(config),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -101,6 +121,7 @@ pub async fn plan(
         dead_letters_delivered: head.dead_letters_delivered,
         folder: Some(shards::holder()),
         dead_letter_since: head.dead_letter_since.clone(),
+        defer_rejects_ms: None,
     }))
 }
 

@@ -140,6 +140,7 @@ impl FoldLoop {
             }
         }
         let mut policies = std::borrow::Cow::Borrowed(&self.policies);
+        let mut defer_rejects = None;
         if let Some(leader) = &self.leader {
             let part = *leader.borrow();
             if !part.folds {
@@ -160,6 +161,7 @@ impl FoldLoop {
             if !part.alone {
                 let grace = 2 * self.interval.max(std::time::Duration::from_secs(1));
                 policies = std::borrow::Cow::Owned(self.policies.deferring_rejects(grace));
+                defer_rejects = Some(grace.as_millis() as u64);
             }
             // Every other shard as far as it is flushed: its generations
             // are complete once listed in its manifest.
@@ -183,6 +185,9 @@ impl FoldLoop {
         .await?
         {
             plan.dead_letters_delivered = plan.dead_letters_delivered.max(self.delivered);
+            // Recorded in every table commit, so a roll-forward (`recover`,
+            // by this member or the next folder) checks as this fold does.
+            plan.defer_rejects_ms = defer_rejects;
             crate::types::raise_offsets(&mut plan.dead_letter_since, &self.dead_letters.seen());
             let Folded {
                 commit,
