@@ -497,22 +497,67 @@ struct OneEmailTwoShards {
 
 const PERSON: &str = "nodes/Person";
 
+/// A graph driven in process, without a consumer: its writers open on
+/// every shard, a decoder for mapping `m`, and the fold's policies.
+struct InProcess {
+    g: Graph,
+    policies: graphsink::testing::Policies,
+    pool: graphsink::testing::ShardPool,
+    decoder: graphsink::testing::RecordDecoder,
+    topic: String,
+}
+
+impl InProcess {
+    async fn open(tg: &TestGraph, m: usize) -> InProcess {
+        let cfg = tg.config();
+        let g = local_graph(tg).await;
+        let pool = graphsink::testing::ShardPool::open(&g, &cfg.wal, &g.wal_tables())
+            .await
+            .unwrap();
+        let decoder =
+            graphsink::testing::RecordDecoder::new(g.schema(), &cfg.mappings[m], 16, 1 << 20)
+                .unwrap();
+        InProcess {
+            policies: graphsink::testing::Policies::from_config(&cfg),
+            g,
+            pool,
+            decoder,
+            topic: tg.topics[m].clone(),
+        }
+    }
+
+    async fn cut(&self) -> std::collections::HashMap<uuid::Uuid, u64> {
+        freeze_cut(&self.pool).await
+    }
+}
+
+/// Freezes every memtable: the cut a fold takes.
+async fn freeze_cut(
+    pool: &graphsink::testing::ShardPool,
+) -> std::collections::HashMap<uuid::Uuid, u64> {
+    let mut cut = std::collections::HashMap::new();
+    for f in pool.freeze_all().await.unwrap() {
+        cut.insert(f.shard, f.upto_generation);
+        f.fence.wait().await.unwrap();
+    }
+    cut
+}
+
 async fn one_email_two_shards() -> OneEmailTwoShards {
-    use graphsink::testing::{Policies, RecordDecoder, ShardPool, SourceRecord};
+    use graphsink::testing::SourceRecord;
     crate::init_logs();
     let tg = TestGraph::with_schema(
         "node Person { name: String @key  email: String? @unique }",
         &["node = \"Person\""],
         "[wal]\nbuckets = 2",
     );
-    let cfg = tg.config();
-    let g = local_graph(&tg).await;
-    let policies = Policies::from_config(&cfg);
-    let pool = ShardPool::open(&g, &cfg.wal, &g.wal_tables())
-        .await
-        .unwrap();
-    let mut decoder = RecordDecoder::new(g.schema(), &cfg.mappings[0], 16, 1 << 20).unwrap();
-    let topic = tg.topics[0].clone();
+    let InProcess {
+        g,
+        policies,
+        pool,
+        mut decoder,
+        topic,
+    } = InProcess::open(&tg, 0).await;
     let mut rows: Vec<(u32, String)> = vec![];
     let mut cuts = vec![];
     for (offset, name) in ["a", "b", "c", "d", "e", "f", "g", "h"].iter().enumerate() {
@@ -536,12 +581,7 @@ async fn one_email_two_shards() -> OneEmailTwoShards {
             w.wait().await.unwrap();
         }
         rows.push((bucket, name.to_string()));
-        let mut cut = std::collections::HashMap::new();
-        for f in pool.freeze_all().await.unwrap() {
-            cut.insert(f.shard, f.upto_generation);
-            f.fence.wait().await.unwrap();
-        }
-        cuts.push(cut);
+        cuts.push(freeze_cut(&pool).await);
         if rows.len() == 2 {
             break;
         }
@@ -743,7 +783,7 @@ crate::on_every_backend!(
 /// the config's policies, as `recover` does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fold_plan_is_checked_under_the_policies_it_was_planned_with() {
-    use graphsink::testing::{execute, plan, Policies, RecordDecoder, ShardPool};
+    use graphsink::testing::{execute, plan};
     crate::init_logs();
     let tg = TestGraph::with_schema(
         "node Person { name: String @key }\nedge Likes: Person -> Person",
@@ -753,17 +793,11 @@ async fn a_fold_plan_is_checked_under_the_policies_it_was_planned_with() {
         ],
         "",
     );
-    let cfg = tg.config();
-    let g = local_graph(&tg).await;
-    let policies = Policies::from_config(&cfg);
-    let pool = ShardPool::open(&g, &cfg.wal, &g.wal_tables())
-        .await
-        .unwrap();
-    let mut decoder = RecordDecoder::new(g.schema(), &cfg.mappings[1], 16, 1 << 20).unwrap();
-    let topic = tg.topics[1].clone();
+    let mut p = InProcess::open(&tg, 1).await;
+    let (g, policies) = (p.g.clone(), p.policies.clone());
     let spans = graphsink::testing::WrittenSpans::default();
 
-    let cut = dangle(&mut decoder, &pool, &topic, 0).await;
+    let cut = dangle(&mut p, 0).await;
     let head = g.head().await.unwrap();
     let mut deferring = plan(&g, &policies, &head, &Some(cut), &spans, "deferring")
         .await
@@ -780,7 +814,7 @@ async fn a_fold_plan_is_checked_under_the_policies_it_was_planned_with() {
     assert_eq!(pending.len(), 1, "{pending:?}");
 
     // A plan made without the deferral refuses at once: the setup can tell.
-    let cut = dangle(&mut decoder, &pool, &topic, 1).await;
+    let cut = dangle(&mut p, 1).await;
     let head = g.head().await.unwrap();
     let plain = plan(&g, &policies, &head, &Some(cut), &spans, "plain")
         .await
@@ -794,19 +828,14 @@ async fn a_fold_plan_is_checked_under_the_policies_it_was_planned_with() {
             .any(|r| r["offset"] == json!(1) && r["code"] == json!("endpoint_not_found")),
         "{rejects:?}"
     );
-    pool.close().await.unwrap();
+    p.pool.close().await.unwrap();
 }
 
 /// One dangling `Likes` edge into the WAL, then a cut: what a fold takes.
-async fn dangle(
-    decoder: &mut graphsink::testing::RecordDecoder,
-    pool: &graphsink::testing::ShardPool,
-    topic: &str,
-    offset: i64,
-) -> std::collections::HashMap<uuid::Uuid, u64> {
+async fn dangle(p: &mut InProcess, offset: i64) -> std::collections::HashMap<uuid::Uuid, u64> {
     let value = json!({"src": "a", "dst": format!("nobody{offset}")}).to_string();
     let rec = graphsink::testing::SourceRecord {
-        topic,
+        topic: &p.topic,
         partition: 0,
         offset,
         timestamp: None,
@@ -814,14 +843,9 @@ async fn dangle(
         value: Some(value.as_bytes()),
         message: None,
     };
-    let batch = decoder.decode(&[rec]).unwrap().upserts.unwrap();
-    for w in pool.tables["edges/Likes"].put(batch).await.unwrap() {
+    let batch = p.decoder.decode(&[rec]).unwrap().upserts.unwrap();
+    for w in p.pool.tables["edges/Likes"].put(batch).await.unwrap() {
         w.wait().await.unwrap();
     }
-    let mut cut = std::collections::HashMap::new();
-    for f in pool.freeze_all().await.unwrap() {
-        cut.insert(f.shard, f.upto_generation);
-        f.fence.wait().await.unwrap();
-    }
-    cut
+    p.cut().await
 }
