@@ -473,9 +473,13 @@ impl TestGraph {
 /// What the opt-in tansu backend needs in every config: the quiet second of
 /// `--exit-at-end` (its high watermark can read low) and no dead-letter
 /// transactions (it cannot abort one). Nothing for Apache Kafka.
+/// Whether the tests run against the opt-in tansu backend.
+pub fn on_tansu() -> bool {
+    std::env::var(graphsink_testkit::broker::BACKEND_VAR).is_ok_and(|b| b == "tansu")
+}
+
 fn for_the_broker(extra: &str) -> String {
-    let tansu = std::env::var(graphsink_testkit::broker::BACKEND_VAR).is_ok_and(|b| b == "tansu");
-    if !tansu {
+    if !on_tansu() {
         return extra.to_string();
     }
     let mut out = extra.to_string();
