@@ -383,13 +383,6 @@ async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
             .await??
     };
     r.produce_records_per_s = backlog.records_per_s;
-    // The broker shares the 2 cores: its CPU in each phase (Kafka's JVM, or
-    // tansu) says how much of the machine the connector had.
-    let broker_cpu = |r: &mut Report, phase: &str, cpu: crate::s3::SelfCpu| {
-        if let Some(c) = cpu.cores() {
-            r.broker_cpu_cores.insert(phase.to_string(), c);
-        }
-    };
     // Every phase stops at these ends, taken from the broker's acks, and
     // must have consumed exactly this many records.
     let ends = backlog.ends.clone();
@@ -397,18 +390,18 @@ async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
     let mut s3r = None;
     let cpu = crate::s3::SelfCpu::of(run.broker_pid);
     run.graphsink(a, dir, &ends, &mut r).await?;
-    broker_cpu(&mut r, "graphsink", cpu);
+    r.broker_cpu("graphsink", &cpu);
     if let Some(s) = &s3 {
         s3r = Some(run.graphsink_s3(a, dir, s, &ends, &mut r).await?);
     }
     let cpu = crate::s3::SelfCpu::of(run.broker_pid);
     run.fold(a, dir, &ends, &mut r).await?;
-    broker_cpu(&mut r, "graphsink folding off", cpu);
+    r.broker_cpu("graphsink folding off", &cpu);
     if a.latency_rate > 0 {
         let on_s3 = s3.as_ref().zip(s3r.as_mut());
         let cpu = crate::s3::SelfCpu::of(run.broker_pid);
         run.latency(a, dir, &mut r, on_s3).await?;
-        broker_cpu(&mut r, "latency (paced)", cpu);
+        r.broker_cpu("latency (paced)", &cpu);
     }
     r.ratio_graphsink_bare = r.graphsink_records_per_s / r.bare_records_per_s;
     r.ratio_graphsink_direct = r.graphsink_records_per_s / r.direct_records_per_s;
@@ -600,9 +593,7 @@ impl Run {
         let (tc, gb, e2) = (self.t.clone(), self.group("bare"), ends.to_vec());
         let cpu = crate::s3::SelfCpu::of(self.broker_pid);
         let bare = tokio::task::spawn_blocking(move || baselines::bare(&tc, &gb, &e2)).await??;
-        if let Some(c) = cpu.cores() {
-            r.broker_cpu_cores.insert("bare".into(), c);
-        }
+        r.broker_cpu("bare", &cpu);
         r.counted("bare", bare.records, a.records);
         r.bare_records_per_s = bare.rate();
         r.bare_peak_rss_mib = measure::peak_rss_mib();
@@ -619,9 +610,7 @@ impl Run {
             a.bad_fraction > 0.0,
         )
         .await?;
-        if let Some(c) = cpu.cores() {
-            r.broker_cpu_cores.insert("direct".into(), c);
-        }
+        r.broker_cpu("direct", &cpu);
         r.counted("direct", direct.records, a.records);
         r.direct_records_per_s = direct.rate();
         r.direct_batches = direct.batches;

@@ -146,6 +146,14 @@ fn rss(m: Option<f64>) -> String {
 }
 
 impl Report {
+    /// Records the broker's CPU over `phase`. The broker shares the 2
+    /// cores: its share says how much of the machine the measured code had.
+    pub fn broker_cpu(&mut self, phase: &str, cpu: &crate::s3::SelfCpu) {
+        if let Some(c) = cpu.cores() {
+            self.broker_cpu_cores.insert(phase.to_string(), c);
+        }
+    }
+
     pub fn print(&self) {
         println!(
             "graphsink-bench ({} build) broker {}",
