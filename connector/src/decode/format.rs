@@ -1,0 +1,121 @@
+//! The value-format seam: how the values of a batch of records become one
+//! Arrow batch in the mapping's value schema. Everything about a format
+//! (its parser, its screen, its error texts) lives behind `ValueFormat`;
+//! everything after (ids, endpoints, provenance, constraints, keys,
+//! last-write-wins) reads only the columns a format hands over.
+//!
+//! A new format is one file implementing `ValueFormat` and one variant of
+//! `Format`. An enum rather than `Box<dyn ValueFormat>`: the screen runs
+//! once per record on the run loop, and a static call there costs nothing,
+//! while each `match` below names the place a new variant must be added.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use crate::config::Mapping;
+use crate::error::Result;
+use crate::rejects::RejectCode;
+use crate::schema::GraphType;
+
+use super::json::JsonFormat;
+use super::shape::Endpoint;
+use super::Step;
+
+/// What every format decodes values into, fixed by the mapping (shape.rs).
+#[derive(Debug, Clone)]
+pub(super) struct ValueSchema {
+    /// The typed fields: the properties and each single-part endpoint,
+    /// typed as its node's key.
+    pub(super) fields: SchemaRef,
+    /// Composite endpoints (an endpoint node type with a composite `@key`),
+    /// src first: each a nullable Utf8 column after `fields`, holding the
+    /// canonical text of the parts (`["acme","7"]`: a JSON array of each
+    /// part's text, as `schema::canonical_ids` makes of a composite key),
+    /// null where the value has no such endpoint. A present but malformed
+    /// one (wrong number of parts, a part that is not a scalar) fails the
+    /// decode as `missing_endpoint`, after the format's own checks.
+    pub(super) composite: Vec<Endpoint>,
+}
+
+impl ValueSchema {
+    /// The schema of a decoded batch: `fields`, then the composite
+    /// endpoints' text columns.
+    pub(super) fn decoded(&self) -> SchemaRef {
+        if self.composite.is_empty() {
+            return self.fields.clone();
+        }
+        let mut fields: Vec<Field> = self
+            .fields
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.extend(
+            self.composite
+                .iter()
+                .map(|e| Field::new(&e.field, DataType::Utf8, true)),
+        );
+        Arc::new(Schema::new(fields))
+    }
+}
+
+/// A value format: the values of one batch of records in, one Arrow batch
+/// in the value schema out.
+pub(super) trait ValueFormat: Send {
+    /// A fault of one value found before any batch decode (JSON: syntax
+    /// and, under strict coercion, the number rules).
+    fn screen(&self, value: &[u8]) -> Option<(RejectCode, String)>;
+
+    /// Decodes the values as one batch in the value schema
+    /// (`ValueSchema::decoded`). Any bad value fails the call (the caller
+    /// splits the batch and retries); a failed call leaves the format ready
+    /// for the next.
+    fn decode(&mut self, values: &[&[u8]]) -> Step<RecordBatch>;
+
+    /// A precise code and message for one value the batch decode refused
+    /// with a generic error (JSON: which field, a type or an overflow), if
+    /// it can tell. Also the split search's test of a suspect: a value it
+    /// finds fault with is decoded alone.
+    fn classify(&self, value: &[u8]) -> Option<(RejectCode, String)>;
+}
+
+/// The formats a mapping can name.
+pub(super) enum Format {
+    Json(JsonFormat),
+}
+
+impl Format {
+    /// The mapping's value format. Only JSON today; the next formats are
+    /// chosen here by the mapping's `format`.
+    pub(super) fn of(
+        mapping: &Mapping,
+        ty: &GraphType,
+        values: ValueSchema,
+        batch_size: usize,
+    ) -> Result<Format> {
+        let json = JsonFormat::new(mapping, ty, values, batch_size)?;
+        Ok(Format::Json(json))
+    }
+}
+
+impl ValueFormat for Format {
+    fn screen(&self, value: &[u8]) -> Option<(RejectCode, String)> {
+        match self {
+            Format::Json(f) => f.screen(value),
+        }
+    }
+
+    fn decode(&mut self, values: &[&[u8]]) -> Step<RecordBatch> {
+        match self {
+            Format::Json(f) => f.decode(values),
+        }
+    }
+
+    fn classify(&self, value: &[u8]) -> Option<(RejectCode, String)> {
+        match self {
+            Format::Json(f) => f.classify(value),
+        }
+    }
+}

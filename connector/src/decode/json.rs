@@ -1,0 +1,326 @@
+//! The JSON value format: each value one JSON object. `screen` (serde_json,
+//! per value) refuses what arrow-json would take wrongly; arrow-json then
+//! decodes a whole batch at once, the fast path; `classify` re-reads a
+//! value arrow-json refused with serde_json to name the field and tell a
+//! type from an overflow.
+//!
+//! Composite endpoints are JSON arrays, which arrow-json cannot read into
+//! a key: each value loses them before arrow-json and they come back as
+//! Utf8 columns of their canonical text (`ValueSchema::composite`).
+
+mod screen;
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch, StringArray};
+use arrow_json::reader::Decoder;
+use arrow_schema::{DataType, SchemaRef};
+
+use crate::config::{Coerce, Mapping, UnknownFields};
+use crate::error::{Context, Error, Result};
+use crate::rejects::RejectCode;
+use crate::schema::GraphType;
+
+use super::format::{ValueFormat, ValueSchema};
+use super::keys::scalar_text;
+use super::shape::Endpoint;
+use super::{bad, Fail, Step};
+use screen::ValueScreen;
+
+pub(super) struct JsonFormat {
+    /// What arrow-json decodes into: the value schema's typed fields.
+    fields: SchemaRef,
+    composite: Vec<Endpoint>,
+    /// `fields` and the composite endpoints' columns: what `decode` returns.
+    decoded: SchemaRef,
+    decoder: Decoder,
+    batch_size: usize,
+    /// `unknown_fields = "reject"`.
+    strict: bool,
+    /// Checks each value before decoding: JSON syntax, and (`coerce =
+    /// "strict"`) numbers arrow-json would coerce silently.
+    screen: ValueScreen,
+    /// For `classify`'s messages: the type's name, and its `@key`
+    /// properties (a missing one is `missing_key`, not `missing_required`).
+    type_name: String,
+    key: Vec<String>,
+}
+
+impl JsonFormat {
+    pub(super) fn new(
+        mapping: &Mapping,
+        ty: &GraphType,
+        values: ValueSchema,
+        batch_size: usize,
+    ) -> Result<JsonFormat> {
+        let screen = ValueScreen::new(&values.fields, mapping.coerce == Coerce::Strict);
+        // A spare row: a decoder at its batch size reads nothing more.
+        let batch_size = batch_size + 1;
+        let strict = mapping.unknown_fields == UnknownFields::Reject;
+        Ok(JsonFormat {
+            decoder: build_decoder(&values.fields, batch_size, strict)?,
+            decoded: values.decoded(),
+            fields: values.fields,
+            composite: values.composite,
+            batch_size,
+            strict,
+            screen,
+            type_name: ty.name.clone(),
+            key: ty.key.clone(),
+        })
+    }
+
+    /// arrow-json over the values; each value must be exactly one JSON
+    /// object.
+    fn decode_batch(&mut self, values: &[&[u8]]) -> Step<RecordBatch> {
+        let mut ends = Composite::new(self.composite.len(), values.len());
+        for &raw in values {
+            let stripped;
+            let value = if self.composite.is_empty() {
+                raw
+            } else {
+                stripped = self.strip_composite_endpoints(raw, &mut ends)?;
+                stripped.as_slice()
+            };
+            let before = self.decoder.len();
+            let read = self
+                .decoder
+                .decode(value)
+                .map_err(|e| Fail::Record(RejectCode::WrongType, e.to_string()))?;
+            if read != value.len()
+                || self.decoder.has_partial_record()
+                || self.decoder.len() != before + 1
+            {
+                return bad(
+                    RejectCode::NotAnObject,
+                    "value is not exactly one JSON object",
+                );
+            }
+        }
+        let batch = match self.decoder.flush() {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                return Err(Fail::System(Error::Other(
+                    "decoder produced no rows".into(),
+                )))
+            }
+            Err(e) => return bad(RejectCode::WrongType, e.to_string()),
+        };
+        self.with_composite(batch, ends)
+    }
+
+    /// Takes the composite endpoints out of a value (arrow-json cannot read
+    /// an array into a key) into `ends`, and returns the rest.
+    fn strip_composite_endpoints(&self, raw: &[u8], ends: &mut Composite) -> Step<Vec<u8>> {
+        let mut v = parse_object(raw)?;
+        for (e, texts) in self.composite.iter().zip(&mut ends.texts) {
+            let text = match v.get(&e.field) {
+                Some(serde_json::Value::Array(items)) => match composite_text(e, items) {
+                    Ok(t) => Some(t),
+                    Err(m) => {
+                        ends.fault.get_or_insert(m);
+                        None
+                    }
+                },
+                // Absent or not an array: the rows say the endpoint is missing.
+                _ => None,
+            };
+            texts.push(text);
+        }
+        for e in &self.composite {
+            v.remove(&e.field);
+        }
+        Ok(serde_json::to_vec(&v).expect("re-serializes"))
+    }
+
+    /// The decoded batch with the composite endpoints' columns after it.
+    /// A malformed endpoint fails here, after arrow-json has had its say,
+    /// so a value arrow-json refuses keeps arrow-json's code.
+    fn with_composite(&self, batch: RecordBatch, ends: Composite) -> Step<RecordBatch> {
+        if let Some(m) = ends.fault {
+            return bad(RejectCode::MissingEndpoint, m);
+        }
+        if self.composite.is_empty() {
+            return Ok(batch);
+        }
+        let mut columns = batch.columns().to_vec();
+        columns.extend(
+            ends.texts
+                .into_iter()
+                .map(|t| Arc::new(StringArray::from(t)) as ArrayRef),
+        );
+        RecordBatch::try_new(self.decoded.clone(), columns)
+            .map_err(|e| Fail::System(Error::Other(format!("{}: {e}", self.type_name))))
+    }
+}
+
+impl ValueFormat for JsonFormat {
+    fn screen(&self, value: &[u8]) -> Option<(RejectCode, String)> {
+        self.screen.check(value)
+    }
+
+    fn decode(&mut self, values: &[&[u8]]) -> Step<RecordBatch> {
+        let out = self.decode_batch(values);
+        if out.is_err() {
+            // A failed decoder may hold half a record, or the rows of the
+            // values before the bad one.
+            self.decoder = build_decoder(&self.fields, self.batch_size, self.strict)?;
+        }
+        out
+    }
+
+    fn classify(&self, raw: &[u8]) -> Option<(RejectCode, String)> {
+        let text = match std::str::from_utf8(raw) {
+            Ok(t) => t,
+            Err(e) => return Some((RejectCode::NotUtf8, format!("value is not UTF-8: {e}"))),
+        };
+        let v: serde_json::Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => return Some((RejectCode::MalformedJson, format!("value is not JSON: {e}"))),
+        };
+        let Some(obj) = v.as_object() else {
+            return Some((RejectCode::NotAnObject, "value is not a JSON object".into()));
+        };
+        if self.strict {
+            if let Some(k) = obj.keys().find(|k| {
+                self.fields.field_with_name(k).is_err()
+                    && !self.composite.iter().any(|e| &e.field == *k)
+            }) {
+                return Some((
+                    RejectCode::UnknownField,
+                    format!("field {k:?} is not a property of {}", self.type_name),
+                ));
+            }
+        }
+        for f in self.fields.fields() {
+            match obj.get(f.name()) {
+                None | Some(serde_json::Value::Null) if !f.is_nullable() => {
+                    return Some(if self.key.contains(f.name()) {
+                        (
+                            RejectCode::MissingKey,
+                            format!("missing @key property {}", f.name()),
+                        )
+                    } else {
+                        (
+                            RejectCode::MissingRequired,
+                            format!("required property {} is missing or null", f.name()),
+                        )
+                    });
+                }
+                None | Some(serde_json::Value::Null) => {}
+                Some(v) => {
+                    if let Some((code, why)) = misfit(f.data_type(), v) {
+                        return Some((code, format!("{}: {why}", f.name())));
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The composite endpoints of one batch: per endpoint, per value, its
+/// canonical text; and the first malformed one's message.
+struct Composite {
+    texts: Vec<Vec<Option<String>>>,
+    fault: Option<String>,
+}
+
+impl Composite {
+    fn new(endpoints: usize, values: usize) -> Composite {
+        Composite {
+            texts: (0..endpoints).map(|_| Vec::with_capacity(values)).collect(),
+            fault: None,
+        }
+    }
+}
+
+/// The canonical text of a composite endpoint's parts, or why it has none.
+fn composite_text(
+    e: &Endpoint,
+    items: &[serde_json::Value],
+) -> std::result::Result<String, String> {
+    if items.len() != e.width {
+        return Err(format!(
+            "{}: a composite endpoint key needs {} parts",
+            e.field, e.width
+        ));
+    }
+    let parts: Vec<String> = items
+        .iter()
+        .map(scalar_text)
+        .collect::<std::result::Result<_, String>>()?;
+    Ok(serde_json::to_string(&parts).expect("strings"))
+}
+
+/// Why a JSON value does not fit a column type, if it does not.
+fn misfit(t: &DataType, v: &serde_json::Value) -> Option<(RejectCode, String)> {
+    use serde_json::Value as J;
+    let int_range = |lo: i128, hi: i128| -> Option<(RejectCode, String)> {
+        match v {
+            J::Number(n) => {
+                let exact = n.as_i64().map(i128::from).or(n.as_u64().map(i128::from));
+                match exact {
+                    Some(x) if x < lo || x > hi => {
+                        Some((RejectCode::Overflow, format!("{n} does not fit {t}")))
+                    }
+                    Some(_) => None,
+                    None => match n.as_f64() {
+                        Some(f) if f.fract() == 0.0 => {
+                            Some((RejectCode::Overflow, format!("{n} does not fit {t}")))
+                        }
+                        _ => Some((
+                            RejectCode::WrongType,
+                            format!("{n} is not an integer ({t})"),
+                        )),
+                    },
+                }
+            }
+            other => Some((RejectCode::WrongType, format!("expected {t}, got {other}"))),
+        }
+    };
+    match t {
+        DataType::Int32 => int_range(i32::MIN as i128, i32::MAX as i128),
+        DataType::Int64 => int_range(i64::MIN as i128, i64::MAX as i128),
+        DataType::UInt32 => int_range(0, u32::MAX as i128),
+        DataType::UInt64 => int_range(0, u64::MAX as i128),
+        DataType::Float32 | DataType::Float64 => {
+            (!v.is_number()).then(|| (RejectCode::WrongType, format!("expected a number, got {v}")))
+        }
+        DataType::Utf8 => {
+            (!v.is_string()).then(|| (RejectCode::WrongType, format!("expected a string, got {v}")))
+        }
+        DataType::Boolean => (!v.is_boolean()).then(|| {
+            (
+                RejectCode::WrongType,
+                format!("expected true or false, got {v}"),
+            )
+        }),
+        DataType::List(f) | DataType::FixedSizeList(f, _) => match v {
+            J::Array(items) => items.iter().find_map(|x| misfit(f.data_type(), x)),
+            other => Some((
+                RejectCode::WrongType,
+                format!("expected a list, got {other}"),
+            )),
+        },
+        _ => None,
+    }
+}
+
+fn parse_object(raw: &[u8]) -> Step<serde_json::Map<String, serde_json::Value>> {
+    let text = std::str::from_utf8(raw)
+        .map_err(|e| Fail::Record(RejectCode::NotUtf8, format!("value is not UTF-8: {e}")))?;
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => bad(RejectCode::NotAnObject, "value is not a JSON object"),
+        Err(e) => bad(RejectCode::MalformedJson, format!("value is not JSON: {e}")),
+    }
+}
+
+fn build_decoder(schema: &SchemaRef, batch_size: usize, strict: bool) -> Result<Decoder> {
+    arrow_json::ReaderBuilder::new(schema.clone())
+        .with_batch_size(batch_size)
+        .with_strict_mode(strict)
+        .build_decoder()
+        .ctx("build JSON decoder")
+}
