@@ -35,6 +35,9 @@ pub struct Config {
     pub log: LogSettings,
     #[serde(default)]
     pub runtime: RuntimeSettings,
+    /// Where registry formats (`format = "avro"`, ...) resolve schema ids.
+    #[serde(default)]
+    pub schema_registry: SchemaRegistrySettings,
     /// One entry per topic.
     #[serde(default, rename = "mapping")]
     pub mappings: Vec<Mapping>,
@@ -56,6 +59,7 @@ impl std::fmt::Debug for Config {
             .field("http", &self.http)
             .field("log", &self.log)
             .field("runtime", &self.runtime)
+            .field("schema_registry", &self.schema_registry)
             .field("mappings", &self.mappings)
             .field("base_dir", &self.base_dir)
             .finish()
@@ -87,6 +91,132 @@ impl Default for HttpSettings {
             listen: None,
             stall_bound: default_stall_bound(),
             linger: default_linger(),
+        }
+    }
+}
+
+/// `[schema_registry]`: a Confluent-compatible Schema Registry, where the
+/// registry formats resolve the schema id framed in each record
+/// (docs/formats.md). `Debug` masks the credentials.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaRegistrySettings {
+    /// Base URLs, comma-separated, tried in turn (e.g.
+    /// `"http://registry:8081"`). Required once a mapping uses a registry
+    /// format.
+    #[serde(default)]
+    pub url: String,
+    /// HTTP basic auth as `user:password` (Confluent's `basic.auth.user.info`).
+    pub basic_auth_user_info: Option<String>,
+    /// `Authorization: Bearer` token (Confluent's `bearer.auth.token`).
+    pub bearer_token: Option<String>,
+    /// PEM file of the CA that signs an `https://` registry's certificate,
+    /// beside the system's roots.
+    pub ssl_ca_location: Option<PathBuf>,
+    /// One request's bound, across connect and reply.
+    #[serde(default = "default_registry_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Schemas kept in memory, by id. A record of an id not kept costs one
+    /// request (ids are immutable, so a kept schema is never stale).
+    #[serde(default = "default_registry_cache_capacity")]
+    pub cache_capacity: u64,
+}
+
+impl Default for SchemaRegistrySettings {
+    fn default() -> Self {
+        SchemaRegistrySettings {
+            url: String::new(),
+            basic_auth_user_info: None,
+            bearer_token: None,
+            ssl_ca_location: None,
+            timeout: default_registry_timeout(),
+            cache_capacity: default_registry_cache_capacity(),
+        }
+    }
+}
+
+impl std::fmt::Debug for SchemaRegistrySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mask = |v: &Option<String>| v.as_ref().map(|_| redact::MASK);
+        f.debug_struct("SchemaRegistrySettings")
+            .field("url", &self.url)
+            .field("basic_auth_user_info", &mask(&self.basic_auth_user_info))
+            .field("bearer_token", &mask(&self.bearer_token))
+            .field("ssl_ca_location", &self.ssl_ca_location)
+            .field("timeout", &self.timeout)
+            .field("cache_capacity", &self.cache_capacity)
+            .finish()
+    }
+}
+
+fn default_registry_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_registry_cache_capacity() -> u64 {
+    1000
+}
+
+impl SchemaRegistrySettings {
+    /// The base URLs, in the order they are tried.
+    pub fn urls(&self) -> Vec<&str> {
+        self.url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(|u| u.trim_end_matches('/'))
+            .collect()
+    }
+
+    fn validate(&self, needed_by: Option<&str>) -> Result<()> {
+        let urls = self.urls();
+        if let Some(topic) = needed_by {
+            if urls.is_empty() {
+                return Err(Error::config(format!(
+                    "schema_registry.url is required: the mapping for topic {topic} uses a registry format"
+                )));
+            }
+        }
+        for u in &urls {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(Error::config(format!(
+                    "schema_registry.url: {u:?} is not an http:// or https:// URL"
+                )));
+            }
+        }
+        if let Some(info) = &self.basic_auth_user_info {
+            if !info.contains(':') {
+                return Err(Error::config(
+                    "schema_registry.basic_auth_user_info must be user:password",
+                ));
+            }
+            if self.bearer_token.is_some() {
+                return Err(Error::config(
+                    "schema_registry: set one of basic_auth_user_info and bearer_token",
+                ));
+            }
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::config("schema_registry.timeout must be positive"));
+        }
+        if self.cache_capacity == 0 {
+            return Err(Error::config(
+                "schema_registry.cache_capacity must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The credentials are masked in logs and errors from now on.
+    fn register_secrets(&self) {
+        if let Some(info) = &self.basic_auth_user_info {
+            redact::register(info);
+            if let Some((_, password)) = info.split_once(':') {
+                redact::register(password);
+            }
+        }
+        if let Some(token) = &self.bearer_token {
+            redact::register(token);
         }
     }
 }
@@ -442,6 +572,51 @@ pub enum Coerce {
     Lenient,
 }
 
+/// A mapping's value encoding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueFormatName {
+    /// A JSON object per record (today's path).
+    #[default]
+    Json,
+    /// Avro, framed with the registry's schema id.
+    Avro,
+    /// Protobuf, framed with the schema id and the message indexes.
+    Protobuf,
+    /// JSON, framed with the schema id of a JSON Schema.
+    JsonSchema,
+}
+
+impl ValueFormatName {
+    /// Whether records carry the Confluent wire format's schema id.
+    pub fn uses_registry(self) -> bool {
+        self != ValueFormatName::Json
+    }
+}
+
+/// A mapping's key encoding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyFormatName {
+    /// UTF-8 text, or a JSON string, or a JSON array for a composite key.
+    #[default]
+    Json,
+    /// The key's UTF-8 bytes, verbatim.
+    String,
+    Avro,
+    Protobuf,
+    JsonSchema,
+}
+
+impl KeyFormatName {
+    pub fn uses_registry(self) -> bool {
+        matches!(
+            self,
+            KeyFormatName::Avro | KeyFormatName::Protobuf | KeyFormatName::JsonSchema
+        )
+    }
+}
+
 /// An edge whose endpoint node is not in the graph (yet).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -517,6 +692,19 @@ pub struct Mapping {
     /// Whether numeric properties take numeric strings and fractions.
     #[serde(default)]
     pub coerce: Coerce,
+    /// How the record value is encoded: `"json"` (default), or a Schema
+    /// Registry format in the Confluent wire format (docs/formats.md).
+    #[serde(default)]
+    pub format: ValueFormatName,
+    /// How the record key is encoded, where a key is read (`key =
+    /// "kafka"`, tombstones, partition sharding): `"json"` (default: text,
+    /// a JSON string, or a JSON array for a composite key), `"string"`
+    /// (the UTF-8 bytes verbatim), or a registry format.
+    #[serde(default)]
+    pub key_format: KeyFormatName,
+    /// Protobuf: the fully qualified message type, when the subject's
+    /// schema declares several; unset, the frame's message indexes decide.
+    pub message: Option<String>,
     /// Edges: what a missing endpoint does.
     #[serde(default)]
     pub on_missing_endpoint: EndpointPolicy,
@@ -561,6 +749,14 @@ impl Mapping {
                 }
             }
             _ => {}
+        }
+        if m.message.is_some()
+            && m.format != ValueFormatName::Protobuf
+            && m.key_format != KeyFormatName::Protobuf
+        {
+            return Err(Error::config(format!(
+                "mapping[{i}].message names a Protobuf message type, but neither format nor key_format is \"protobuf\""
+            )));
         }
         if m.dead_letter_topic.as_deref() == Some("") {
             return Err(Error::config(format!(
@@ -680,6 +876,7 @@ impl Config {
                 redact::register(v);
             }
         }
+        self.schema_registry.register_secrets();
         let shown = self.graph.storage_options.redacted();
         for (k, v) in &self.graph.storage_options.0 {
             if shown.get(k.as_str()) == Some(&redact::MASK) {
@@ -707,6 +904,12 @@ impl Config {
             m.validate(i)?;
         }
         self.validate_shared_types()?;
+        let registry_user = self
+            .mappings
+            .iter()
+            .find(|m| m.format.uses_registry() || m.key_format.uses_registry());
+        self.schema_registry
+            .validate(registry_user.map(|m| m.topic.as_str()))?;
         if self.errors.dead_letter_topic.is_empty() {
             return Err(Error::config("errors.dead_letter_topic must not be empty"));
         }
@@ -1182,6 +1385,83 @@ node = "Person"
         assert!(!shown.contains("s3cr3t-value-42"), "{shown}");
         assert!(!shown.contains("tok-123"), "{shown}");
         assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    /// `[schema_registry]`: defaults, the URL list, `${VAR}` credentials
+    /// kept out of `Debug` and out of every printed error.
+    #[test]
+    fn schema_registry_settings_default_list_urls_and_hide_credentials() {
+        let c = Config::from_toml(MIN, Path::new("/")).unwrap();
+        assert_eq!(c.mappings[0].format, ValueFormatName::Json);
+        assert_eq!(c.mappings[0].key_format, KeyFormatName::Json);
+        assert_eq!(c.schema_registry.timeout, Duration::from_secs(10));
+        assert!(c.schema_registry.urls().is_empty());
+
+        std::env::set_var("GS_TEST_REGISTRY_PASSWORD", "reg-pa55word");
+        let t = format!(
+            "{MIN}format = \"avro\"\nkey_format = \"string\"\n\
+             [schema_registry]\nurl = \"http://a:8081/, https://b:8081\"\n\
+             basic_auth_user_info = \"svc:${{GS_TEST_REGISTRY_PASSWORD}}\"\ntimeout = \"2s\"\n"
+        );
+        let c = Config::from_toml(&t, Path::new("/")).unwrap();
+        assert_eq!(c.mappings[0].format, ValueFormatName::Avro);
+        assert_eq!(c.mappings[0].key_format, KeyFormatName::String);
+        assert_eq!(
+            c.schema_registry.urls(),
+            ["http://a:8081", "https://b:8081"]
+        );
+        assert_eq!(c.schema_registry.timeout, Duration::from_secs(2));
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("reg-pa55word"), "{shown}");
+        assert!(
+            shown.contains("basic_auth_user_info: Some(\"<redacted>\")"),
+            "{shown}"
+        );
+        assert_eq!(redact::text("auth svc:reg-pa55word"), "auth <redacted>");
+    }
+
+    #[test]
+    fn registry_formats_need_a_registry_and_valid_settings() {
+        let refused = |extra: &str, want: &str| {
+            let t = format!("{MIN}{extra}");
+            let e = Config::from_toml(&t, Path::new("/"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{extra:?}: {e}");
+        };
+        refused("format = \"protobuf\"\n", "schema_registry.url is required");
+        refused(
+            "key_format = \"avro\"\n",
+            "topic people uses a registry format",
+        );
+        refused("format = \"xml\"\n", "unknown variant");
+        refused("message = \"a.B\"\n", "neither format nor key_format");
+        let with = |section: &str| format!("format = \"avro\"\n[schema_registry]\n{section}");
+        refused(
+            &with("url = \"registry:8081\"\n"),
+            "not an http:// or https:// URL",
+        );
+        refused(
+            &with("url = \"http://r\"\nbasic_auth_user_info = \"nopassword\"\n"),
+            "user:password",
+        );
+        refused(
+            &with("url = \"http://r\"\nbasic_auth_user_info = \"u:p\"\nbearer_token = \"t\"\n"),
+            "one of basic_auth_user_info and bearer_token",
+        );
+        refused(
+            &with("url = \"http://r\"\ncache_capacity = 0\n"),
+            "cache_capacity",
+        );
+        refused(
+            &with("url = \"http://r\"\nschema_url = \"x\"\n"),
+            "unknown field",
+        );
+        // A registry named but unused is fine, and json_schema is a name.
+        let t = format!("{MIN}format = \"json_schema\"\nmessage = \"x\"\n");
+        assert!(Config::from_toml(&t, Path::new("/")).is_err());
+        let t = format!("{MIN}[schema_registry]\nurl = \"http://r\"\n");
+        Config::from_toml(&t, Path::new("/")).unwrap();
     }
 
     #[test]

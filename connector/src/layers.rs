@@ -18,6 +18,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("metrics", 0),
     ("http", 1),
     ("schema", 1),
+    ("registry", 1),
     ("store", 1),
     ("graph", 2),
     ("known_ids", 1),

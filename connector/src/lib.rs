@@ -26,6 +26,7 @@ mod offsets;
 mod pipeline;
 mod query;
 mod redact;
+mod registry;
 mod rejects;
 mod retention;
 mod runtime;

@@ -167,6 +167,7 @@ pub struct Metrics {
     rejects: Family<RejectLabels, Counter>,
     dead_letters: Family<ResultLabels, Counter>,
     dead_letters_pending: Gauge,
+    schema_registry_requests: Family<ResultLabels, Counter>,
     pending_edges: Family<TypeLabels, Gauge>,
     pending_edges_oldest: Family<TypeLabels, FloatGauge>,
     polls_in_flight: Gauge,
@@ -326,6 +327,11 @@ impl Metrics {
                 "graphsink_dead_letters_pending",
                 "Rejects waiting for the dead-letter topic",
                 Gauge::default()
+            ),
+            schema_registry_requests: reg!(
+                "graphsink_schema_registry_requests",
+                "Schema Registry requests, by result (ok, not_found, refused, unavailable)",
+                Family::default()
             ),
             pending_edges: reg!(
                 "graphsink_pending_edges",
@@ -678,6 +684,15 @@ impl Metrics {
         } else if self.dead_letters_retrying.fetch_sub(1, Ordering::Relaxed) == 1 {
             self.dead_letters_failing_since.store(0, Ordering::Relaxed);
         }
+    }
+
+    // ---- the schema registry ----
+
+    /// One registry request ended with `result` (`registry::Outcome`).
+    pub fn schema_registry_request(&self, result: &'static str) {
+        self.schema_registry_requests
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     // ---- librdkafka statistics ----

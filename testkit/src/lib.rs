@@ -3,7 +3,8 @@
 //! request: `broker`), and the tests an S3 server; keeping
 //! the one way to start each here means they cannot drift apart. The fault
 //! proxy sits between the object store client and the S3 server, for the
-//! storage-fault tests. The hostile-input generator feeds the reject tests.
+//! storage-fault tests. The hostile-input generator feeds the reject tests. The test Schema
+//! Registry serves the registry formats' tests, and their registry faults.
 //! `containers` is a second broker backend (Kafka in a container).
 
 pub mod broker;
@@ -11,11 +12,13 @@ pub mod containers;
 pub mod faults;
 pub mod hostile;
 pub mod kafka;
+pub mod registry;
 pub mod s3;
 pub mod tansu;
 
 pub use broker::{Backend as BrokerBackend, TestBroker};
 pub use faults::{Exchange, Fault, FaultProxy, Rule, RuleId};
 pub use kafka::Kafka;
+pub use registry::TestRegistry;
 pub use s3::S3Server;
 pub use tansu::{tie_to_parent, Options as TansuOptions, Tansu};
