@@ -31,6 +31,17 @@
 #                       URL) and GRAPHSINK_TEST_PROM_TARGETS (the file tests
 #                       write their graphsink addresses into)
 #   stop_prometheus     stop it again (idempotent)
+#   ensure_apicurio     unpack Apicurio Registry 3.3.3 (a Confluent-compatible
+#                       Schema Registry) from Maven Central once; finds a
+#                       Java >= 21 for it; sets APICURIO_JAR, APICURIO_JAVA
+#   start_apicurio      start it on free loopback ports, in memory; sets
+#                       GRAPHSINK_TEST_REGISTRY (its /apis/ccompat/v7 URL)
+#   stop_apicurio       stop it again (idempotent)
+#   use_registry        GRAPHSINK_TEST_REGISTRY if set, else ensure_apicurio +
+#                       start_apicurio
+#   ensure_sr_client    Confluent's Python client with its Avro, Protobuf and
+#                       JSON serializers, and pylance, in a venv once; sets
+#                       SR_PYTHON (the tests' independent producer and reader)
 
 GRAPHSINK_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GRAPHSINK_CACHE="${GRAPHSINK_CACHE:-${HOME:?HOME is not set}/.cache/graphsink}"
@@ -45,6 +56,12 @@ S3_TEST_BUCKET=graphsink-test   # testkit/src/s3.rs TEST_BUCKET
 TANSU_ROOT="$GRAPHSINK_CACHE/tansu-$TANSU_VERSION"
 KAFKA_VERSION=4.4.0             # scripts/kafka/pom.xml; testkit/src/kafka.rs
 KAFKA_ROOT="$GRAPHSINK_CACHE/kafka-$KAFKA_VERSION"
+APICURIO_VERSION=3.3.3          # scripts/apicurio/pom.xml
+APICURIO_ROOT="$GRAPHSINK_CACHE/apicurio-$APICURIO_VERSION"
+# Confluent's own serializers frame the test records (issue 34 names this
+# version); pylance reads the graph back. docs/formats.md.
+SR_CLIENT_PACKAGES="confluent-kafka[avro,protobuf,json]==2.16.1 pylance==14.0.2"
+SR_CLIENT_VENV="$GRAPHSINK_CACHE/sr-client-venv"
 # The broker JVM's heap (docs/kafka.md has the measurement behind it).
 GRAPHSINK_KAFKA_HEAP="${GRAPHSINK_KAFKA_HEAP:--Xms256m -Xmx1g}"
 
@@ -454,4 +471,121 @@ stop_prometheus() {
     [ -z "$pid" ] || unset GRAPHSINK_TEST_PROMETHEUS GRAPHSINK_TEST_PROM_TARGETS
     _GS_PROM_PID="" _GS_PROM_LAUNCHER="" _GS_PROM_DIR=""
     return 0
+}
+
+# A java of version 21 or newer: Apicurio 3's classes need it (Kafka runs on
+# the machine's Java 17). GRAPHSINK_JAVA21 names one; else JAVA_HOME, the
+# JDKs under /usr/lib/jvm (the polyglot machine has Temurin 25 there), PATH.
+_java21() {
+    local j v
+    for j in "${GRAPHSINK_JAVA21:-}" "${JAVA_HOME:+$JAVA_HOME/bin/java}" /usr/lib/jvm/*/bin/java "$(command -v java || true)"; do
+        [ -n "$j" ] && [ -x "$j" ] || continue
+        v="$("$j" -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/ {print $2}')"
+        if [ -n "$v" ] && [ "${v%%.*}" -ge 21 ] 2>/dev/null; then
+            echo "$j"
+            return 0
+        fi
+    done
+    return 1
+}
+
+ensure_apicurio() {
+    export APICURIO_JAR="$APICURIO_ROOT/quarkus-run.jar"
+    APICURIO_JAVA="$(_java21)" || die "Apicurio Registry $APICURIO_VERSION needs Java 21 or newer and none was found (looked at GRAPHSINK_JAVA21, JAVA_HOME, /usr/lib/jvm/*, PATH); install one, or set GRAPHSINK_TEST_REGISTRY=http://host:port to a Confluent-compatible registry of your own"
+    export APICURIO_JAVA
+    [ -e "$APICURIO_ROOT/.complete" ] && return 0
+    have mvn || die "mvn not found: Apicurio Registry comes from Maven Central (the polyglot machine), or set GRAPHSINK_TEST_REGISTRY"
+    log "unpacking Apicurio Registry $APICURIO_VERSION from Maven Central into $APICURIO_ROOT (once per machine, ~160 MB)"
+    mkdir -p "$GRAPHSINK_CACHE"
+    local started; started="$(_now_ms)"
+    # shellcheck disable=SC2016
+    flock "$GRAPHSINK_CACHE/apicurio-install.lock" bash -c '
+        [ -e "$1/.complete" ] && exit 0
+        rm -rf "$1" && mkdir -p "$1" &&
+            mvn -q -B -f "$2" package -DoutputDirectory="$1" \
+                -Dmaven.repo.local="${MAVEN_REPO_LOCAL:-$HOME/.m2/repository}" </dev/null >"$1.mvn.log" 2>&1 &&
+            [ -e "$1/quarkus-run.jar" ] && touch "$1/.complete"
+    ' _ "$APICURIO_ROOT" "$GRAPHSINK_REPO/scripts/apicurio/pom.xml" || {
+        tail -n 30 "$APICURIO_ROOT.mvn.log" >&2 || true
+        die "could not unpack Apicurio Registry $APICURIO_VERSION from Maven Central; set GRAPHSINK_TEST_REGISTRY to a registry of your own"
+    }
+    # Maven's own target/ folder beside the pom is scratch.
+    rm -rf "$GRAPHSINK_REPO/scripts/apicurio/target"
+    log "Apicurio Registry $APICURIO_VERSION unpacked in $(($(_now_ms) - started)) ms"
+}
+
+# In memory (Apicurio's default storage: H2 in memory), on a free loopback
+# port for the API and another for its health checks. Ready = /health/ready.
+start_apicurio() {
+    [ -z "${_GS_REG_PID:-}" ] || die "start_apicurio: a registry is already running (pid $_GS_REG_PID)"
+    : "${APICURIO_JAR:?run ensure_apicurio first}"
+    local port mport dir deadline started
+    port="$(_free_port)"
+    mport="$(_free_port)"
+    dir="$(mktemp -d "${TMPDIR:-/tmp}/graphsink-registry.XXXXXX")"
+    _GS_REG_DIR="$dir" _GS_REG_LOG="$dir/registry.log"
+    started="$(_now_ms)"
+    # Serial GC and C1 only: a test registry holds a few schemas, and on 2
+    # cores the JIT's second tier costs more start time than it saves.
+    # shellcheck disable=SC2016
+    (cd "$dir" && setsid bash -c 'echo "$$" >"$1"; shift; exec "$@"' _ "$dir/pid" \
+        "$APICURIO_JAVA" -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+        -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$port" \
+        -Dquarkus.management.host=127.0.0.1 -Dquarkus.management.port="$mport" \
+        -Dquarkus.http.access-log.enabled=false \
+        -jar "$APICURIO_JAR" </dev/null >"$_GS_REG_LOG" 2>&1) &
+    _GS_REG_LAUNCHER=$!
+    deadline=$((SECONDS + 90))
+    while [ ! -s "$dir/pid" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
+    _GS_REG_PID="$(cat "$dir/pid" 2>/dev/null || true)"
+    [ -n "$_GS_REG_PID" ] || _registry_failed "the registry process did not start"
+    until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$mport/health/ready")" = 200 ]; do
+        _alive "$_GS_REG_PID" || _registry_failed "Apicurio Registry exited during startup"
+        [ "$SECONDS" -lt "$deadline" ] || _registry_failed "Apicurio Registry not ready on port $port after 90 s"
+        sleep 0.2
+    done
+    export GRAPHSINK_TEST_REGISTRY="http://127.0.0.1:$port/apis/ccompat/v7"
+    log "Apicurio Registry $APICURIO_VERSION ready at $GRAPHSINK_TEST_REGISTRY in $(($(_now_ms) - started)) ms (pid $_GS_REG_PID, log $_GS_REG_LOG)"
+}
+
+_registry_failed() {
+    log "ERROR: $1; last lines of $_GS_REG_LOG:"
+    tail -n 40 "$_GS_REG_LOG" >&2 || true
+    stop_apicurio
+    exit 1
+}
+
+stop_apicurio() {
+    local pid="${_GS_REG_PID:-}"
+    _stop_server registry "$pid" "${_GS_REG_LAUNCHER:-}" "${_GS_REG_DIR:-}"
+    [ -z "$pid" ] || unset GRAPHSINK_TEST_REGISTRY
+    _GS_REG_PID="" _GS_REG_LAUNCHER="" _GS_REG_DIR=""
+    return 0
+}
+
+use_registry() {
+    if [ -n "${GRAPHSINK_TEST_REGISTRY:-}" ]; then
+        log "using external Schema Registry GRAPHSINK_TEST_REGISTRY=$GRAPHSINK_TEST_REGISTRY (starting none)"
+    else
+        ensure_apicurio
+        start_apicurio
+    fi
+}
+
+ensure_sr_client() {
+    export SR_PYTHON="$SR_CLIENT_VENV/bin/python"
+    if [ ! -e "$SR_CLIENT_VENV/.complete" ]; then
+        log "installing $SR_CLIENT_PACKAGES into $SR_CLIENT_VENV (once per machine)"
+        mkdir -p "$GRAPHSINK_CACHE"
+        ensure_python_venv
+        local started; started="$(_now_ms)"
+        # shellcheck disable=SC2016,SC2086
+        flock "$GRAPHSINK_CACHE/sr-client-install.lock" bash -c '
+            [ -e "$1/.complete" ] && exit 0
+            rm -rf "$1" && python3 -m venv "$1" &&
+                "$1/bin/pip" install -q --disable-pip-version-check $2 </dev/null &&
+                touch "$1/.complete"
+        ' _ "$SR_CLIENT_VENV" "$SR_CLIENT_PACKAGES" || die "could not install $SR_CLIENT_PACKAGES from PyPI"
+        log "installed in $(($(_now_ms) - started)) ms"
+    fi
 }
