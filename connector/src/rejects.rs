@@ -133,6 +133,20 @@ named_enum! {
         /// committed partition (a new id's: the lowest) stays, the others
         /// are refused (fold).
         ShardConflict => "shard_conflict",
+        /// A registry format's value without the Confluent wire format's
+        /// prefix: no magic byte 0, or shorter than 5 bytes.
+        BadFraming => "bad_framing",
+        /// The registry has no schema of the value's schema id (HTTP 404).
+        UnknownSchemaId => "unknown_schema_id",
+        /// The value's writer schema cannot resolve to the type: a required
+        /// property it lacks with no default, or a type that cannot be
+        /// promoted to the property's.
+        SchemaMismatch => "schema_mismatch",
+        /// An Avro payload that does not decode under its writer schema, is
+        /// truncated, or leaves trailing bytes.
+        MalformedAvro => "malformed_avro",
+        /// A Protobuf payload that does not decode as its message type.
+        MalformedProtobuf => "malformed_protobuf",
     }
 }
 

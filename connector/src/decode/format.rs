@@ -14,11 +14,13 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use crate::config::Mapping;
-use crate::error::Result;
+use crate::config::{Mapping, ValueFormatName};
+use crate::error::{Error, Result};
+use crate::registry;
 use crate::rejects::RejectCode;
 use crate::schema::GraphType;
 
+use super::avro::AvroFormat;
 use super::json::JsonFormat;
 use super::shape::Endpoint;
 use super::Step;
@@ -79,24 +81,50 @@ pub(super) trait ValueFormat: Send {
     /// it can tell. Also the split search's test of a suspect: a value it
     /// finds fault with is decoded alone.
     fn classify(&self, value: &[u8]) -> Option<(RejectCode, String)>;
+
+    /// Registry formats: the schema id framed in `value` when this format
+    /// has not learned it yet. The caller fetches it from the registry and
+    /// hands it to `learn` before `decode` sees the value.
+    fn unlearned(&self, _value: &[u8]) -> Option<u32> {
+        None
+    }
+
+    /// Registry formats: what the registry holds for `id` (`Err`: it has no
+    /// such schema, and the id's records are `unknown_schema_id`).
+    fn learn(&mut self, _id: u32, _schema: Learned) {}
 }
+
+/// A schema from the registry, or why it has none.
+pub(crate) type Learned = std::result::Result<Arc<registry::Schema>, String>;
 
 /// The formats a mapping can name.
 pub(super) enum Format {
     Json(JsonFormat),
+    Avro(AvroFormat),
 }
 
 impl Format {
-    /// The mapping's value format. Only JSON today; the next formats are
-    /// chosen here by the mapping's `format`.
+    /// The mapping's value format (`format`).
     pub(super) fn of(
         mapping: &Mapping,
         ty: &GraphType,
         values: ValueSchema,
         batch_size: usize,
     ) -> Result<Format> {
-        let json = JsonFormat::new(mapping, ty, values, batch_size)?;
-        Ok(Format::Json(json))
+        Ok(match mapping.format {
+            ValueFormatName::Json => {
+                Format::Json(JsonFormat::new(mapping, ty, values, batch_size)?)
+            }
+            ValueFormatName::Avro => {
+                Format::Avro(AvroFormat::new(mapping, ty, values, batch_size)?)
+            }
+            other => {
+                return Err(Error::config(format!(
+                    "mapping for topic {}: format {other:?} is not built yet",
+                    mapping.topic
+                )))
+            }
+        })
     }
 }
 
@@ -104,18 +132,35 @@ impl ValueFormat for Format {
     fn screen(&self, value: &[u8]) -> Option<(RejectCode, String)> {
         match self {
             Format::Json(f) => f.screen(value),
+            Format::Avro(f) => f.screen(value),
         }
     }
 
     fn decode(&mut self, values: &[&[u8]]) -> Step<RecordBatch> {
         match self {
             Format::Json(f) => f.decode(values),
+            Format::Avro(f) => f.decode(values),
         }
     }
 
     fn classify(&self, value: &[u8]) -> Option<(RejectCode, String)> {
         match self {
             Format::Json(f) => f.classify(value),
+            Format::Avro(f) => f.classify(value),
+        }
+    }
+
+    fn unlearned(&self, value: &[u8]) -> Option<u32> {
+        match self {
+            Format::Json(f) => f.unlearned(value),
+            Format::Avro(f) => f.unlearned(value),
+        }
+    }
+
+    fn learn(&mut self, id: u32, schema: Learned) {
+        match self {
+            Format::Json(f) => f.learn(id, schema),
+            Format::Avro(f) => f.learn(id, schema),
         }
     }
 }

@@ -12,8 +12,7 @@
 //! 2. `split` — the rest as one batch, split around bad records so each
 //!    fails alone; a batch goes through
 //!    - `format` — the seam: the values → one Arrow batch in the value
-//!      schema (`shape`), by the mapping's format (`json`, the only one
-//!      today), and
+//!      schema (`shape`), by the mapping's format (`json`, `avro`), and
 //!    - `rows` — that batch → rows in the table schema (id, endpoints,
 //!      provenance), tombstones → the ids they delete (`keys`);
 //! 3. `checks` — the `.pg` constraints (enum, `@range`, `@check`);
@@ -23,6 +22,7 @@
 //! A record refused at any stage leaves the batch as a reject; the others
 //! go on. `partitioner` gives the partition a producer's partitioner picks.
 
+mod avro;
 mod checks;
 mod format;
 mod json;
@@ -48,6 +48,7 @@ use crate::rejects::{owned_headers, Origin, Reject, RejectCode};
 use crate::schema::{GraphSchema, GraphType, TypeKind};
 use crate::validate::Validator;
 
+pub(crate) use format::Learned;
 use format::{Format, ValueFormat, ValueSchema};
 pub use partitioner::partition_of;
 use shape::{EdgeId, Shape};
@@ -215,6 +216,26 @@ impl RecordDecoder {
 
     pub fn graph_type(&self) -> &GraphType {
         &self.ty
+    }
+
+    /// Registry formats: the schema ids framed in `records` that must be
+    /// fetched (`learn`) before `decode`, each once, in poll order with the
+    /// index of its first record.
+    pub fn unlearned(&self, records: &[SourceRecord<'_>]) -> Vec<(u32, usize)> {
+        let mut out: Vec<(u32, usize)> = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            if let Some(id) = r.value.and_then(|v| self.format.unlearned(v)) {
+                if !out.iter().any(|(seen, _)| *seen == id) {
+                    out.push((id, i));
+                }
+            }
+        }
+        out
+    }
+
+    /// Registry formats: what the registry holds for schema `id`.
+    pub fn learn(&mut self, id: u32, schema: Learned) {
+        self.format.learn(id, schema);
     }
 
     /// Decodes a whole poll. Records that cannot become rows are returned as

@@ -1,6 +1,8 @@
 //! The decoder's unit tests, through `RecordDecoder::decode`; `types`: every
-//! `.pg` type; `hostile`: graphsink-testkit's hostile corpus.
+//! `.pg` type; `hostile`: graphsink-testkit's hostile corpus; `avro`: the
+//! Avro format, on values encoded by hand.
 
+mod avro;
 mod hostile;
 mod types;
 
