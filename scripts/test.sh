@@ -10,20 +10,25 @@
 # GRAPHSINK_TEST_BROKER_BACKEND=containers against Kafka in a container
 # (needs Docker, and `--features graphsink-testkit/containers` among the
 # cargo args). A private Prometheus (Debian's package) is started for
-# tests/e2e/ops.rs.
+# tests/e2e/ops.rs, and Apicurio Registry (a Confluent-compatible Schema
+# Registry, from Maven Central; GRAPHSINK_TEST_REGISTRY=URL takes another)
+# with Confluent's Python serializers for tests/e2e/formats.rs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 
 ensure_build_deps
-trap 'stop_broker; stop_s3; stop_prometheus' EXIT
+trap 'stop_broker; stop_s3; stop_prometheus; stop_apicurio' EXIT
 use_broker
 use_s3
 # A real Prometheus scrapes graphsink in tests/e2e/ops.rs.
 ensure_prometheus
 start_prometheus
-log "tests use broker GRAPHSINK_TEST_BROKER=${GRAPHSINK_TEST_BROKER:-(a container)}, S3 GRAPHSINK_TEST_S3=$GRAPHSINK_TEST_S3, Prometheus GRAPHSINK_TEST_PROMETHEUS=$GRAPHSINK_TEST_PROMETHEUS"
+# The registry formats' tests: a real registry, and Confluent's serializers.
+use_registry
+ensure_sr_client
+log "tests use broker GRAPHSINK_TEST_BROKER=${GRAPHSINK_TEST_BROKER:-(a container)}, S3 GRAPHSINK_TEST_S3=$GRAPHSINK_TEST_S3, Prometheus GRAPHSINK_TEST_PROMETHEUS=$GRAPHSINK_TEST_PROMETHEUS, Schema Registry GRAPHSINK_TEST_REGISTRY=$GRAPHSINK_TEST_REGISTRY"
 
 # Split our args at `--` so the default --test-threads=2 stays on the test
 # binary's side (after a second `--` libtest would take it for a test filter).

@@ -122,6 +122,9 @@ pub struct Readiness {
     pub joined: bool,
     pub fenced: bool,
     pub dead_letters_stalled: bool,
+    /// A partition holds at a record whose schema the registry has not
+    /// answered for (down, slow, 5xx): nothing past it is ingested.
+    pub schema_registry_stalled: bool,
     pub durability_stalled: bool,
     pub folds_failing: bool,
 }
@@ -195,6 +198,7 @@ pub struct Metrics {
     fenced: AtomicBool,
     dead_letters_retrying: AtomicU64,
     dead_letters_failing_since: AtomicU64,
+    schema_registry_stalled: AtomicBool,
     /// Clock ms of the last durability progress while polls wait.
     durable_progress: AtomicU64,
     consecutive_fold_failures: AtomicU64,
@@ -404,6 +408,7 @@ impl Metrics {
             fenced: AtomicBool::new(false),
             dead_letters_retrying: AtomicU64::new(0),
             dead_letters_failing_since: AtomicU64::new(0),
+            schema_registry_stalled: AtomicBool::new(false),
             durable_progress: AtomicU64::new(0),
             consecutive_fold_failures: AtomicU64::new(0),
             run_heartbeat: AtomicU64::new(0),
@@ -688,6 +693,12 @@ impl Metrics {
 
     // ---- the schema registry ----
 
+    /// Whether a partition waits on a schema the registry does not give.
+    pub fn schema_registry_stalled(&self, stalled: bool) {
+        self.schema_registry_stalled
+            .store(stalled, Ordering::Relaxed);
+    }
+
     /// One registry request ended with `result` (`registry::Outcome`).
     pub fn schema_registry_request(&self, result: &'static str) {
         self.schema_registry_requests
@@ -745,15 +756,18 @@ impl Metrics {
             && self.older_than(self.durable_progress.load(Ordering::Relaxed), bound);
         let folds_failing =
             self.consecutive_fold_failures.load(Ordering::Relaxed) >= FOLD_FAILURES_NOT_READY;
+        let schema_registry_stalled = self.schema_registry_stalled.load(Ordering::Relaxed);
         Readiness {
             ready: joined
                 && !fenced
                 && !dead_letters_stalled
+                && !schema_registry_stalled
                 && !durability_stalled
                 && !folds_failing,
             joined,
             fenced,
             dead_letters_stalled,
+            schema_registry_stalled,
             durability_stalled,
             folds_failing,
         }
@@ -851,6 +865,10 @@ mod tests {
         m.acked(Duration::from_millis(1));
         m.polls_in_flight(0);
         assert!(m.readiness().ready);
+        m.schema_registry_stalled(true);
+        assert!(!m.readiness().ready && m.readiness().schema_registry_stalled);
+        m.schema_registry_stalled(false);
+        assert!(m.readiness().ready);
         m.fenced();
         assert_eq!(
             m.readiness(),
@@ -859,6 +877,7 @@ mod tests {
                 joined: true,
                 fenced: true,
                 dead_letters_stalled: false,
+                schema_registry_stalled: false,
                 durability_stalled: false,
                 folds_failing: false
             }

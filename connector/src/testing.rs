@@ -13,6 +13,7 @@ pub use crate::fold::{
 };
 pub use crate::graph::new_commit_id;
 pub use crate::offsets::WrittenSpans;
+pub use crate::registry::wire::framed;
 pub use crate::retention::{graph_storage, Window};
 pub use crate::shards::{shard_id, ShardPool};
 

@@ -224,7 +224,7 @@ impl Command {
 async fn dispatch(cmd: Command) -> Result<()> {
     match cmd {
         Command::Check { config } => {
-            print::check(&query::check(&Config::load(&config)?)?);
+            print::check(&query::check(&Config::load(&config)?).await?);
             Ok(())
         }
         Command::Run {

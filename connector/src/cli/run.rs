@@ -15,7 +15,7 @@ use crate::query;
 
 pub(super) async fn run(path: &Path, exit_at_end: bool, http: Option<SocketAddr>) -> Result<()> {
     let config = Config::load(path)?;
-    super::print::check(&query::check(&config)?);
+    super::print::check(&query::check(&config).await?);
     let shutdown = CancellationToken::new();
     let fold_now = Arc::new(tokio::sync::Notify::new());
     spawn_signal_handlers(shutdown.clone(), fold_now.clone())?;

@@ -50,7 +50,8 @@ use crate::validate::Validator;
 
 pub(crate) use format::Learned;
 use format::{Format, ValueFormat, ValueSchema};
-pub use partitioner::partition_of;
+#[cfg(test)]
+use partitioner::partition_of;
 use shape::{EdgeId, Shape};
 
 /// One consumed record, borrowed from the poll.
@@ -231,6 +232,18 @@ impl RecordDecoder {
             }
         }
         out
+    }
+
+    /// Registry formats: the schema id framed in `value`, if it must be
+    /// fetched (`learn`) before `decode`.
+    pub fn unlearned_id(&self, value: &[u8]) -> Option<u32> {
+        self.format.unlearned(value)
+    }
+
+    /// Registry formats: why records of schema `id` are refused, if they
+    /// are (it does not resolve to the type, or the registry lacks it).
+    pub fn refusal(&self, id: u32) -> Option<(RejectCode, String)> {
+        self.format.screen(&crate::registry::wire::framed(id, &[]))
     }
 
     /// Registry formats: what the registry holds for schema `id`.

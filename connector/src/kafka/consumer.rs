@@ -187,6 +187,26 @@ pub(crate) fn resubscribe(consumer: &GroupConsumer, config: &Config) -> Result<(
     Ok(())
 }
 
+/// Stops fetching `tp` and rewinds it to `offset`, so the records from
+/// there on are read again once it is released (a record waiting for its
+/// schema; the records after it in the poll were dropped). The seek is
+/// asynchronous (timeout 0): it lands before the partition fetches again.
+pub(crate) fn hold(consumer: &GroupConsumer, tp: &TopicPartition, offset: i64) -> Result<()> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&tp.0, tp.1);
+    consumer.pause(&tpl)?;
+    consumer.seek(&tp.0, tp.1, Offset::Offset(offset), Duration::ZERO)?;
+    Ok(())
+}
+
+/// Fetches `tp` again after a `hold`.
+pub(crate) fn release(consumer: &GroupConsumer, tp: &TopicPartition) -> Result<()> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&tp.0, tp.1);
+    consumer.resume(&tpl)?;
+    Ok(())
+}
+
 /// Commits `offsets` (next offsets to read). A sync commit waits for the
 /// broker, off the async workers.
 pub(crate) fn commit(

@@ -22,17 +22,65 @@ pub struct CheckSummary {
     pub root: String,
 }
 
-/// Validates the config and the schema: every mapping must build its decoder.
-pub fn check(config: &Config) -> Result<CheckSummary> {
+/// Validates the config and the schema: every mapping must build its
+/// decoder, and a registry format's subject must resolve to its type.
+pub async fn check(config: &Config) -> Result<CheckSummary> {
     let schema = GraphSchema::load(&config.schema_path())?;
     for m in &config.mappings {
         crate::decode::RecordDecoder::new(&schema, m, 1, config.errors.max_record_bytes)?;
     }
+    check_subjects(config, &schema).await?;
     Ok(CheckSummary {
         mappings: config.mappings.len(),
         types: schema.types.len(),
         root: config.root_uri(),
     })
+}
+
+/// Each registry-format mapping's subject (TopicNameStrategy:
+/// `<topic>-value`) must resolve, at its latest version, to the mapping's
+/// type, or the config is refused naming the topic, the field and why. A
+/// registry that cannot be asked, or a subject with no schema yet, is a
+/// WARN: records are then checked as they come.
+async fn check_subjects(config: &Config, schema: &GraphSchema) -> Result<()> {
+    use crate::registry::{Lookup, Registry};
+    let mappings: Vec<_> = config
+        .mappings
+        .iter()
+        .filter(|m| m.format.uses_registry())
+        .collect();
+    if mappings.is_empty() {
+        return Ok(());
+    }
+    let registry = Registry::new(&config.schema_registry)?;
+    for m in mappings {
+        let subject = format!("{}-value", m.topic);
+        let latest = match registry.version(&subject, "latest").await {
+            Ok(v) => v,
+            Err(Lookup::NotFound(why)) => {
+                tracing::warn!(topic = %m.topic, %subject, "the registry has no schema for the subject yet ({why}); records are checked as they come");
+                continue;
+            }
+            Err(Lookup::Unavailable(why)) => {
+                tracing::warn!(topic = %m.topic, %subject, "cannot read the subject from the schema registry ({why}); records are checked as they come");
+                continue;
+            }
+        };
+        let mut d =
+            crate::decode::RecordDecoder::new(schema, m, 1, config.errors.max_record_bytes)?;
+        d.learn(latest.id, Ok(latest.schema.clone()));
+        if let Some((code, why)) = d.refusal(latest.id) {
+            return Err(Error::config(format!(
+                "topic {}: the latest schema of subject {subject} (version {}, id {}) cannot be read as {} ({}): {why}",
+                m.topic,
+                latest.version,
+                latest.id,
+                m.type_name(),
+                code.as_str()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses an offline fold while the config's consumer group has members:

@@ -12,16 +12,11 @@
 //! reject) and `Unavailable` (down, slow, 5xx, a reply it cannot read:
 //! passing trouble, so the record waits; it is never rejected for it).
 
-// The registry formats' decoders are its first callers (issue 34, in
-// progress): until they land, parts of the API have no caller.
-#![allow(dead_code)]
-
 pub mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use serde::Deserialize;
 
 use crate::config::SchemaRegistrySettings;
@@ -249,7 +244,9 @@ impl Registry {
     }
 
     /// The schema of `id` if it is already cached.
+    #[cfg(test)]
     pub fn cached(&self, id: u32, serialized: bool) -> Option<Arc<Schema>> {
+        use futures::FutureExt;
         self.by_id.get(&(id, serialized)).now_or_never().flatten()
     }
 

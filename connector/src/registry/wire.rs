@@ -12,6 +12,10 @@
 //! Parsing never panics and never allocates more than the input justifies:
 //! a frame is data from the network.
 
+// The message indexes are Protobuf's, whose decoder is the next format
+// (issue 34); until it lands they are used by the tests only.
+#![cfg_attr(not(test), allow(dead_code))]
+
 /// The framing's magic byte.
 pub const MAGIC: u8 = 0;
 

@@ -3,6 +3,8 @@
 //! watermarks → commit. It also serves the fold loop's freeze cuts, between
 //! polls, so a cut never splits a poll.
 
+mod schemas;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,10 +29,12 @@ use crate::kafka::stall::{self, StallWatch, Verdict};
 use crate::kafka::{DeadLetters, OffsetQueries};
 use crate::metrics::Metrics;
 use crate::offsets::{DurableWatermarks, PollAck, PollSpans, TopicPartition, WrittenSpans};
+use crate::registry::Registry;
 use crate::rejects;
 use crate::retention;
 use crate::schema::{GraphSchema, REJECTS_TABLE};
 use crate::shards::{self, PendingWrite, ShardPool};
+use schemas::SchemaHolds;
 
 /// Knobs of one run that are not part of the config file.
 #[derive(Clone, Default)]
@@ -265,6 +269,13 @@ async fn session(
     let head = graph.head().await?;
     metrics.head(head.seq, head.created_at);
     let decoders = decoders(config, &graph)?;
+    let registry = config
+        .mappings
+        .iter()
+        .any(|m| m.format.uses_registry())
+        .then(|| Registry::new(&config.schema_registry))
+        .transpose()?
+        .map(|r| r.metered(metrics.clone()));
     let dead_letters = DeadLetters::connect(config, graph.root(), metrics.clone()).await?;
     let (pool, delivered, role) = if partitioned {
         let pool = ShardPool::open_unclaimed(&graph, &config.wal, &graph.wal_tables()).await?;
@@ -340,6 +351,7 @@ async fn session(
         taken: VecDeque::new(),
         oldest_taken: None,
         role,
+        schemas: SchemaHolds::new(registry),
     };
     if let Err(e) = run.serve(&kafka, shutdown, &mut fold).await {
         total.records += run.summary.records;
@@ -518,6 +530,8 @@ struct RunLoop<'a> {
     /// Under partition sharding: which tables each topic feeds, and
     /// whether this member folds.
     role: Option<FoldRole>,
+    /// Partitions waiting for a schema from the registry.
+    schemas: SchemaHolds,
 }
 
 /// A member's part under partition sharding: the shards of its assigned
@@ -646,6 +660,9 @@ impl RunLoop<'_> {
                     self.stats.cut_ns.fetch_add(nanos(t), Ordering::Relaxed);
                 }
                 Some(ev) = self.events.recv() => self.on_group_event(ev).await?,
+                Some(ev) = self.schemas.events.recv() => {
+                    self.schemas.on_event(kafka, &mut self.decoders, &self.metrics, ev)?;
+                }
                 Some(ack) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     if let Some(t) = full_since.take() {
                         self.stats.window_full_ns.fetch_add(nanos(t), Ordering::Relaxed);
@@ -663,7 +680,7 @@ impl RunLoop<'_> {
                     match msg {
                         Ok(first) => {
                             self.last_poll = tokio::time::Instant::now();
-                            let ack = self.process_poll(&mut stream, first).await?;
+                            let ack = self.process_poll(kafka, &mut stream, first).await?;
                             self.in_flight.push_back(ack);
                             self.metrics.polls_in_flight(self.in_flight.len());
                             if self.in_flight.len() >= max_in_flight {
@@ -695,11 +712,14 @@ impl RunLoop<'_> {
     /// one poll, and starts its WAL writes. Returns the poll's durability.
     async fn process_poll<'c>(
         &mut self,
+        kafka: &GroupConsumer,
         stream: &mut GroupStream<'c>,
         first: BorrowedMessage<'c>,
     ) -> Result<AckFuture> {
         let started = std::time::Instant::now();
         let msgs = take_poll(stream, first, self.config.wal.max_poll_records);
+        // Records whose schema is not known yet hold their partitions.
+        let msgs = self.schemas.ready(kafka, &self.decoders, msgs)?;
         self.stats
             .take_ns
             .fetch_add(nanos(started), Ordering::Relaxed);
@@ -945,6 +965,7 @@ impl RunLoop<'_> {
                     let shards = self.pool.shards_of(&tps, &role.feeds);
                     self.pool.release(&shards);
                 }
+                self.schemas.forget(&tps, &self.metrics);
                 let mut shared = self.committable.lock().expect("committable");
                 for tp in tps {
                     self.assigned.remove(&tp);

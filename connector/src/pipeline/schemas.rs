@@ -1,0 +1,231 @@
+//! Schemas a poll needs before it can be decoded (registry formats).
+//!
+//! A record framed with a schema id its decoder has not learned holds its
+//! partition: the record and those after it in the poll are dropped, the
+//! partition is paused and rewound to that record (`kafka::consumer::hold`),
+//! and the id is fetched in the background, with backoff, for as long as
+//! it takes. Other partitions, and records of ids already learned, flow on.
+//! When the registry answers (the schema, or "no such id", which makes the
+//! records `unknown_schema_id` rejects), the decoder learns it and the
+//! partition fetches again from the held record. Nothing past a held record
+//! is acknowledged, so nothing past it is committed, and nothing is lost.
+//!
+//! A registry that does not answer is not a reject: `/ready` says
+//! `schema_registry_stalled`, and the log says so once per interval.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use rdkafka::message::BorrowedMessage;
+use rdkafka::Message;
+use tokio::sync::mpsc;
+
+use crate::decode::{Learned, RecordDecoder};
+use crate::error::Result;
+use crate::kafka::consumer::{self, GroupConsumer};
+use crate::metrics::Metrics;
+use crate::registry::{Lookup, Registry};
+use crate::types::TopicPartition;
+
+/// How often a stalled registry is named in the log.
+const SAY_EVERY: Duration = Duration::from_secs(30);
+/// Backoff between asks for one id, doubling from the first.
+const BACKOFF_FIRST: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// What a background fetch reports.
+pub(super) enum SchemaEvent {
+    Learned {
+        topic: String,
+        id: u32,
+        schema: Learned,
+    },
+    /// An ask failed; the fetch goes on after its backoff.
+    Failing { id: u32, why: String },
+}
+
+/// A partition held at `offset` until its decoder learns `ids`.
+struct Held {
+    offset: i64,
+    ids: BTreeSet<u32>,
+}
+
+pub(super) struct SchemaHolds {
+    registry: Option<Registry>,
+    held: BTreeMap<TopicPartition, Held>,
+    /// (topic, id) being fetched.
+    fetching: HashSet<(String, u32)>,
+    tx: mpsc::UnboundedSender<SchemaEvent>,
+    pub(super) events: mpsc::UnboundedReceiver<SchemaEvent>,
+    /// Ids whose last ask failed, and why.
+    failing: BTreeMap<u32, String>,
+    said: Option<tokio::time::Instant>,
+}
+
+impl SchemaHolds {
+    pub(super) fn new(registry: Option<Registry>) -> SchemaHolds {
+        let (tx, events) = mpsc::unbounded_channel();
+        SchemaHolds {
+            registry,
+            held: BTreeMap::new(),
+            fetching: HashSet::new(),
+            tx,
+            events,
+            failing: BTreeMap::new(),
+            said: None,
+        }
+    }
+
+    /// The records of a poll that can be decoded now. Each record of a
+    /// registry format whose schema id its decoder has not learned holds its
+    /// partition from that record on; so does a partition already held.
+    pub(super) fn ready<'c>(
+        &mut self,
+        kafka: &GroupConsumer,
+        decoders: &HashMap<String, RecordDecoder>,
+        msgs: Vec<BorrowedMessage<'c>>,
+    ) -> Result<Vec<BorrowedMessage<'c>>> {
+        let Some(registry) = &self.registry else {
+            return Ok(msgs);
+        };
+        let mut keep = Vec::with_capacity(msgs.len());
+        let mut newly: Vec<TopicPartition> = Vec::new();
+        for m in msgs {
+            let tp = (m.topic().to_string(), m.partition());
+            if let Some(h) = self.held.get(&tp) {
+                // Fetched before the hold landed: read again after it.
+                debug_assert!(m.offset() >= h.offset);
+                continue;
+            }
+            let wanted = decoders
+                .get(m.topic())
+                .zip(m.payload())
+                .and_then(|(d, v)| d.unlearned_id(v));
+            let Some(id) = wanted else {
+                keep.push(m);
+                continue;
+            };
+            self.held.insert(
+                tp.clone(),
+                Held {
+                    offset: m.offset(),
+                    ids: BTreeSet::from([id]),
+                },
+            );
+            newly.push(tp);
+            if self.fetching.insert((m.topic().to_string(), id)) {
+                tokio::spawn(fetch(
+                    registry.clone(),
+                    m.topic().to_string(),
+                    id,
+                    self.tx.clone(),
+                ));
+            }
+        }
+        for tp in newly {
+            let offset = self.held[&tp].offset;
+            tracing::debug!(topic = %tp.0, partition = tp.1, offset, "holding for a schema");
+            consumer::hold(kafka, &tp, offset)?;
+        }
+        Ok(keep)
+    }
+
+    /// A fetch reported: the decoder learns the schema, and the partitions
+    /// that waited for it fetch again.
+    pub(super) fn on_event(
+        &mut self,
+        kafka: &GroupConsumer,
+        decoders: &mut HashMap<String, RecordDecoder>,
+        metrics: &Metrics,
+        ev: SchemaEvent,
+    ) -> Result<()> {
+        match ev {
+            SchemaEvent::Failing { id, why } => {
+                self.failing.insert(id, why);
+                self.say();
+            }
+            SchemaEvent::Learned { topic, id, schema } => {
+                self.fetching.remove(&(topic.clone(), id));
+                if self.failing.remove(&id).is_some() && self.failing.is_empty() {
+                    tracing::info!(
+                        event = "schema_registry_recovered",
+                        "the schema registry answers again"
+                    );
+                }
+                if let Some(d) = decoders.get_mut(&topic) {
+                    d.learn(id, schema);
+                }
+                let done: Vec<TopicPartition> = self
+                    .held
+                    .iter_mut()
+                    .filter(|(tp, _)| tp.0 == topic)
+                    .filter_map(|(tp, h)| {
+                        h.ids.remove(&id);
+                        h.ids.is_empty().then(|| tp.clone())
+                    })
+                    .collect();
+                for tp in done {
+                    self.held.remove(&tp);
+                    consumer::release(kafka, &tp)?;
+                }
+            }
+        }
+        metrics.schema_registry_stalled(!self.failing.is_empty() && !self.held.is_empty());
+        Ok(())
+    }
+
+    /// Revoked partitions are no longer held (their next owner starts from
+    /// the committed offset, which is at or before the held record).
+    pub(super) fn forget(&mut self, tps: &[TopicPartition], metrics: &Metrics) {
+        for tp in tps {
+            self.held.remove(tp);
+        }
+        metrics.schema_registry_stalled(!self.failing.is_empty() && !self.held.is_empty());
+    }
+
+    /// Says once per `SAY_EVERY` which partitions wait, and why.
+    fn say(&mut self) {
+        let now = tokio::time::Instant::now();
+        if self.said.is_some_and(|t| now.duration_since(t) < SAY_EVERY) {
+            return;
+        }
+        self.said = Some(now);
+        let held: Vec<String> = self
+            .held
+            .iter()
+            .map(|((t, p), h)| format!("{t}/{p}@{}", h.offset))
+            .collect();
+        let why: Vec<String> = self
+            .failing
+            .iter()
+            .map(|(id, w)| format!("schema id {id}: {w}"))
+            .collect();
+        tracing::warn!(
+            event = "schema_registry_stalled",
+            held = %held.join(", "),
+            "the schema registry does not answer; these partitions hold at the record that needs the schema, and nothing past it is committed: {}",
+            why.join("; ")
+        );
+    }
+}
+
+/// Fetches `id` until the registry answers, with backoff.
+async fn fetch(registry: Registry, topic: String, id: u32, tx: mpsc::UnboundedSender<SchemaEvent>) {
+    let mut backoff = BACKOFF_FIRST;
+    loop {
+        let schema = match registry.schema(id, false).await {
+            Ok(s) => Ok(s),
+            Err(Lookup::NotFound(m)) => Err(m),
+            Err(Lookup::Unavailable(why)) => {
+                if tx.send(SchemaEvent::Failing { id, why }).is_err() {
+                    return; // the session ended
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        let _ = tx.send(SchemaEvent::Learned { topic, id, schema });
+        return;
+    }
+}

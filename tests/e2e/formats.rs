@@ -1,0 +1,332 @@
+//! Schema Registry formats end to end: records framed by Confluent's own
+//! Python serializers (sr_encode.py), through the real broker, against a
+//! real registry (Apicurio Registry, `GRAPHSINK_TEST_REGISTRY`, which
+//! scripts/test.sh starts) and the testkit's registry (which can also be
+//! stopped, for the stall). The rows must equal what Confluent's
+//! deserializer reads back from the same bytes.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use graphsink_testkit::TestRegistry;
+use serde_json::{json, Value};
+
+use crate::harness::*;
+
+const PG: &str = r#"
+node Person { name: String @key  age: I64?  email: String? }
+edge Knows: Person -> Person { since: I32? }
+"#;
+
+/// v1: name, age as an int.
+const V1: &str = r#"{"type":"record","name":"Person","namespace":"gs.test","fields":[
+    {"name":"name","type":"string"},{"name":"age","type":["null","int"],"default":null}]}"#;
+/// v2: age widened to a long, and an optional email with a default.
+const V2: &str = r#"{"type":"record","name":"Person","namespace":"gs.test","fields":[
+    {"name":"name","type":"string"},{"name":"age","type":["null","long"],"default":null},
+    {"name":"email","type":["null","string"],"default":null}]}"#;
+const KNOWS: &str = r#"{"type":"record","name":"Knows","namespace":"gs.test","fields":[
+    {"name":"src","type":"string"},{"name":"dst","type":"string"},{"name":"since","type":"int"}]}"#;
+
+/// The Python with Confluent's client (scripts/lib.sh `ensure_sr_client`).
+fn sr_python() -> String {
+    if let Ok(p) = std::env::var("SR_PYTHON") {
+        return p;
+    }
+    let cache = std::env::var("GRAPHSINK_CACHE")
+        .unwrap_or_else(|_| format!("{}/.cache/graphsink", std::env::var("HOME").expect("HOME")));
+    let p = format!("{cache}/sr-client-venv/bin/python");
+    assert!(
+        std::path::Path::new(&p).exists(),
+        "no Python with confluent-kafka for the registry-format tests: run `bash scripts/test.sh`, which installs it (ensure_sr_client), or set SR_PYTHON"
+    );
+    p
+}
+
+/// Apicurio's Confluent-compatible URL. Never skips: scripts/test.sh
+/// starts Apicurio and sets it.
+fn apicurio() -> String {
+    std::env::var("GRAPHSINK_TEST_REGISTRY").expect(
+        "GRAPHSINK_TEST_REGISTRY is not set: run `bash scripts/test.sh`, which starts Apicurio Registry (use_registry), or point it at a Confluent-compatible registry",
+    )
+}
+
+/// Confluent's serializer frames `records` under `schema` (registering it
+/// as `<topic>-value`); each framed value, and what Confluent's
+/// deserializer reads back from it.
+fn encode(registry: &str, topic: &str, schema: &str, records: &[Value]) -> Vec<(Vec<u8>, Value)> {
+    let job = json!({"format": "avro", "schema": schema, "records": records});
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/sr_encode.py");
+    let mut child = Command::new(sr_python())
+        .arg(script)
+        .arg(registry)
+        .arg(topic)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sr_encode.py");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(job.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "sr_encode.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            let hex = v["value"].as_str().unwrap();
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            (bytes, v["decoded"].clone())
+        })
+        .collect()
+}
+
+fn raw(partition: i32, key: &str, value: Option<Vec<u8>>) -> RawRec {
+    RawRec {
+        partition,
+        key: Some(key.as_bytes().to_vec()),
+        value,
+        headers: vec![],
+    }
+}
+
+fn registry_toml(url: &str) -> String {
+    format!("[schema_registry]\nurl = \"{url}\"\ntimeout = \"2s\"\n")
+}
+
+/// Nodes (two writer versions) and edges in Avro, every reject code the
+/// registry formats add, and a tombstone, against one registry.
+async fn avro_lands_against(registry: &str) {
+    let tg = TestGraph::with_schema(
+        PG,
+        &[
+            "node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\"",
+            "edge = \"Knows\"\nformat = \"avro\"",
+        ],
+        &registry_toml(registry),
+    );
+    let (people, knows) = (&tg.topics[0], &tg.topics[1]);
+    create_topic(people, 1).await;
+    create_topic(knows, 1).await;
+    let v1 = encode(
+        registry,
+        people,
+        V1,
+        &[
+            json!({"name": "ann", "age": 31}),
+            json!({"name": "bob", "age": null}),
+            json!({"name": "dan", "age": 9}),
+        ],
+    );
+    let v2 = encode(
+        registry,
+        people,
+        V2,
+        &[
+            json!({"name": "cy", "age": 5_000_000_000i64, "email": "cy@x"}),
+            json!({"name": "bob", "age": 40, "email": null}),
+        ],
+    );
+    let edges = encode(
+        registry,
+        knows,
+        KNOWS,
+        &[json!({"src": "ann", "dst": "bob", "since": 2020})],
+    );
+    let mut truncated = v1[0].0.clone();
+    truncated.pop();
+    let recs = vec![
+        raw(0, "ann", Some(v1[0].0.clone())),
+        raw(0, "bob", Some(v1[1].0.clone())),
+        raw(0, "cy", Some(v2[0].0.clone())),
+        raw(0, "bob", Some(v2[1].0.clone())),
+        raw(0, "dan", Some(v1[2].0.clone())),
+        // A tombstone deletes in every format; the Kafka key names the node.
+        raw(0, "dan", None),
+        raw(0, "j", Some(br#"{"name":"json"}"#.to_vec())),
+        raw(0, "s", Some(vec![0, 0, 1])),
+        raw(0, "u", Some(graphsink::testing::framed(999_999, b"\x02x"))),
+        raw(0, "t", Some(truncated)),
+    ];
+    produce_raw(people, &recs).await;
+    let edge_recs: Vec<RawRec> = edges
+        .iter()
+        .map(|(v, _)| raw(0, "e", Some(v.clone())))
+        .collect();
+    produce_raw(knows, &edge_recs).await;
+
+    try_run_to_end(&tg).await.expect("run");
+    let rows = tg.rows("nodes/Person").await;
+    let got: BTreeMap<&str, (Value, Value)> = rows
+        .iter()
+        .map(|(id, r)| (id.as_str(), (r["age"].clone(), r["email"].clone())))
+        .collect();
+    // What Confluent's deserializer read back, last write per key.
+    let decoded = |d: &Value| {
+        (
+            d["age"].clone(),
+            d.get("email").cloned().unwrap_or(Value::Null),
+        )
+    };
+    let want: BTreeMap<&str, (Value, Value)> = [
+        ("ann", decoded(&v1[0].1)),
+        ("bob", decoded(&v2[1].1)),
+        ("cy", decoded(&v2[0].1)),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(got, want, "rows: {rows:?}");
+    let edges_rows = tg.rows("edges/Knows").await;
+    assert_eq!(edges_rows.len(), 1, "{edges_rows:?}");
+    let e = edges_rows.values().next().unwrap();
+    assert_eq!(
+        (e["src"].as_str(), e["dst"].as_str(), e["since"].as_i64()),
+        (Some("ann"), Some("bob"), Some(2020))
+    );
+    let mut codes: Vec<String> = rejects_at_head(&tg)
+        .await
+        .iter()
+        .map(|r| r["code"].as_str().unwrap().to_string())
+        .collect();
+    codes.sort();
+    assert_eq!(
+        codes,
+        [
+            "bad_framing",
+            "bad_framing",
+            "malformed_avro",
+            "unknown_schema_id"
+        ]
+    );
+    let dlq = read_topic(&tg.dlq, 4, Duration::from_secs(20));
+    assert_eq!(dlq.len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_from_confluents_serializer_lands_through_apicurio() {
+    crate::init_logs();
+    avro_lands_against(&apicurio()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_from_confluents_serializer_lands_through_the_test_registry() {
+    crate::init_logs();
+    let reg = TestRegistry::start().unwrap();
+    avro_lands_against(&reg.url()).await;
+    assert!(reg.unimplemented().is_empty(), "{:?}", reg.unimplemented());
+}
+
+/// A registry that stops mid-run holds the partition at the first record
+/// of an unseen schema: nothing past it is committed, `/ready` says why,
+/// records of known schemas flow on, and once the registry is back every
+/// record lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_registry_holds_its_partition_and_loses_nothing() {
+    crate::init_logs();
+    let mut reg = TestRegistry::start().unwrap();
+    let tg = TestGraph::with_schema(
+        PG,
+        &["node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\""],
+        &registry_toml(&reg.url()),
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 2).await;
+    let names: Vec<String> = (0..40).map(|i| format!("p{i}")).collect();
+    let a = encode(
+        &reg.url(),
+        topic,
+        V1,
+        &names[..20]
+            .iter()
+            .map(|n| json!({"name": n, "age": 1}))
+            .collect::<Vec<_>>(),
+    );
+    let b = encode(
+        &reg.url(),
+        topic,
+        V2,
+        &names[20..]
+            .iter()
+            .map(|n| json!({"name": n, "age": 2, "email": null}))
+            .collect::<Vec<_>>(),
+    );
+    // Partition 0: v1 then v2; partition 1: v1 only.
+    let first: Vec<RawRec> = a
+        .iter()
+        .enumerate()
+        .map(|(i, (v, _))| raw((i % 2) as i32, &names[i], Some(v.clone())))
+        .collect();
+    produce_raw(topic, &first).await;
+
+    let metrics = Arc::new(graphsink::Metrics::default());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let options = graphsink::RunOptions {
+        metrics: Some(metrics.clone()),
+        ..Default::default()
+    };
+    let run = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));
+    let group = tg.group.clone();
+    wait_until(
+        "the v1 records are committed",
+        Duration::from_secs(60),
+        || committed(&group, topic, 2).values().sum::<i64>() == 20,
+    )
+    .await;
+
+    reg.stop();
+    let second: Vec<RawRec> = b
+        .iter()
+        .enumerate()
+        .map(|(i, (v, _))| raw(0, &names[20 + i], Some(v.clone())))
+        .collect();
+    produce_raw(topic, &second).await;
+    // Known-schema records on partition 1 still flow.
+    let more: Vec<RawRec> = (0..4)
+        .map(|i| raw(1, &names[i * 2 + 1], Some(a[i * 2 + 1].0.clone())))
+        .collect();
+    produce_raw(topic, &more).await;
+    wait_until("partition 1 goes on", Duration::from_secs(60), || {
+        committed(&group, topic, 2).get(&1) == Some(&14)
+    })
+    .await;
+    wait_until(
+        "/ready says the registry stalls",
+        Duration::from_secs(30),
+        || metrics.readiness().schema_registry_stalled,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        committed(&group, topic, 2).get(&0),
+        Some(&10),
+        "nothing past the held record is committed"
+    );
+    assert!(!metrics.readiness().ready);
+
+    reg.restart().unwrap();
+    wait_until("every record is committed", Duration::from_secs(60), || {
+        committed(&group, topic, 2).values().sum::<i64>() == 44
+    })
+    .await;
+    assert!(!metrics.readiness().schema_registry_stalled);
+    stop.cancel();
+    run.await.unwrap().expect("run");
+    let rows = tg.rows("nodes/Person").await;
+    assert_eq!(rows.len(), 40, "{:?}", rows.keys());
+    assert!(rejects_at_head(&tg).await.is_empty());
+}
