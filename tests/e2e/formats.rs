@@ -57,7 +57,17 @@ fn apicurio() -> String {
 /// as `<topic>-value`); each framed value, and what Confluent's
 /// deserializer reads back from it.
 fn encode(registry: &str, topic: &str, schema: &str, records: &[Value]) -> Vec<(Vec<u8>, Value)> {
-    let job = json!({"format": "avro", "schema": schema, "records": records});
+    encode_as("avro", registry, topic, schema, records)
+}
+
+fn encode_as(
+    format: &str,
+    registry: &str,
+    topic: &str,
+    schema: &str,
+    records: &[Value],
+) -> Vec<(Vec<u8>, Value)> {
+    let job = json!({"format": format, "schema": schema, "records": records});
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/sr_encode.py");
     let mut child = Command::new(sr_python())
         .arg(script)
@@ -329,4 +339,62 @@ async fn a_stopped_registry_holds_its_partition_and_loses_nothing() {
     let rows = tg.rows("nodes/Person").await;
     assert_eq!(rows.len(), 40, "{:?}", rows.keys());
     assert!(rejects_at_head(&tg).await.is_empty());
+}
+
+/// JSON Schema: Confluent's JSONSerializer frames JSON objects; the payload
+/// takes the JSON path. An Avro schema's id on a json_schema topic is a
+/// schema_mismatch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_records_land_through_apicurio() {
+    crate::init_logs();
+    let registry = apicurio();
+    let tg = TestGraph::with_schema(
+        PG,
+        &["node = \"Person\"\nformat = \"json_schema\""],
+        &registry_toml(&registry),
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 1).await;
+    let schema = r#"{"$schema":"http://json-schema.org/draft-07/schema#","title":"Person","type":"object",
+        "properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name"]}"#;
+    let ok = encode_as(
+        "json_schema",
+        &registry,
+        topic,
+        schema,
+        &[json!({"name": "ann", "age": 31}), json!({"name": "bob"})],
+    );
+    // The same topic's subject, but an Avro schema: refused by id.
+    let avro = encode(
+        &registry,
+        &format!("{topic}-avro"),
+        V1,
+        &[json!({"name": "x", "age": 1})],
+    );
+    let recs = vec![
+        raw(0, "a", Some(ok[0].0.clone())),
+        raw(0, "b", Some(ok[1].0.clone())),
+        raw(0, "x", Some(avro[0].0.clone())),
+        raw(0, "j", Some(br#"{"name":"plain"}"#.to_vec())),
+    ];
+    produce_raw(topic, &recs).await;
+    try_run_to_end(&tg).await.expect("run");
+    let rows = tg.rows("nodes/Person").await;
+    let ages: BTreeMap<&str, Value> = rows
+        .iter()
+        .map(|(k, r)| (k.as_str(), r["age"].clone()))
+        .collect();
+    assert_eq!(
+        ages,
+        [("ann", ok[0].1["age"].clone()), ("bob", Value::Null)]
+            .into_iter()
+            .collect()
+    );
+    let mut codes: Vec<String> = rejects_at_head(&tg)
+        .await
+        .iter()
+        .map(|r| r["code"].as_str().unwrap().to_string())
+        .collect();
+    codes.sort();
+    assert_eq!(codes, ["bad_framing", "schema_mismatch"]);
 }

@@ -17,6 +17,7 @@ import sys
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 
@@ -37,12 +38,16 @@ def main():
     job = json.load(sys.stdin)
     client = SchemaRegistryClient({"url": url})
     ctx = SerializationContext(topic, MessageField.VALUE)
-    if job["format"] != "avro":
+    # Each deserializer has a client of its own: it fetches the writer
+    # schema by the id in the frame, as any consumer would.
+    if job["format"] == "avro":
+        ser = AvroSerializer(client, job["schema"])
+        de = AvroDeserializer(SchemaRegistryClient({"url": url}))
+    elif job["format"] == "json_schema":
+        ser = JSONSerializer(job["schema"], client)
+        de = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient({"url": url}))
+    else:
         raise SystemExit(f"format {job['format']} is not scripted yet")
-    ser = AvroSerializer(client, job["schema"])
-    # A deserializer with a client of its own: it fetches the writer schema
-    # by the id in the frame, as any consumer would.
-    de = AvroDeserializer(SchemaRegistryClient({"url": url}))
     for r in job["records"]:
         framed = ser(r, ctx)
         print(json.dumps({"value": framed.hex(), "decoded": plain(de(framed, ctx))}))

@@ -22,6 +22,7 @@ use crate::schema::GraphType;
 
 use super::avro::AvroFormat;
 use super::json::JsonFormat;
+use super::json_schema::JsonSchemaFormat;
 use super::shape::Endpoint;
 use super::Step;
 
@@ -101,6 +102,7 @@ pub(crate) type Learned = std::result::Result<Arc<registry::Schema>, String>;
 pub(super) enum Format {
     Json(JsonFormat),
     Avro(AvroFormat),
+    JsonSchema(JsonSchemaFormat),
 }
 
 impl Format {
@@ -118,6 +120,9 @@ impl Format {
             ValueFormatName::Avro => {
                 Format::Avro(AvroFormat::new(mapping, ty, values, batch_size)?)
             }
+            ValueFormatName::JsonSchema => {
+                Format::JsonSchema(JsonSchemaFormat::new(mapping, ty, values, batch_size)?)
+            }
             other => {
                 return Err(Error::config(format!(
                     "mapping for topic {}: format {other:?} is not built yet",
@@ -133,6 +138,7 @@ impl ValueFormat for Format {
         match self {
             Format::Json(f) => f.screen(value),
             Format::Avro(f) => f.screen(value),
+            Format::JsonSchema(f) => f.screen(value),
         }
     }
 
@@ -140,6 +146,7 @@ impl ValueFormat for Format {
         match self {
             Format::Json(f) => f.decode(values),
             Format::Avro(f) => f.decode(values),
+            Format::JsonSchema(f) => f.decode(values),
         }
     }
 
@@ -147,6 +154,7 @@ impl ValueFormat for Format {
         match self {
             Format::Json(f) => f.classify(value),
             Format::Avro(f) => f.classify(value),
+            Format::JsonSchema(f) => f.classify(value),
         }
     }
 
@@ -154,6 +162,7 @@ impl ValueFormat for Format {
         match self {
             Format::Json(f) => f.unlearned(value),
             Format::Avro(f) => f.unlearned(value),
+            Format::JsonSchema(f) => f.unlearned(value),
         }
     }
 
@@ -161,6 +170,7 @@ impl ValueFormat for Format {
         match self {
             Format::Json(f) => f.learn(id, schema),
             Format::Avro(f) => f.learn(id, schema),
+            Format::JsonSchema(f) => f.learn(id, schema),
         }
     }
 }

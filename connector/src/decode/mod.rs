@@ -12,7 +12,8 @@
 //! 2. `split` — the rest as one batch, split around bad records so each
 //!    fails alone; a batch goes through
 //!    - `format` — the seam: the values → one Arrow batch in the value
-//!      schema (`shape`), by the mapping's format (`json`, `avro`), and
+//!      schema (`shape`), by the mapping's format (`json`, `avro`,
+//!      `json_schema`), and
 //!    - `rows` — that batch → rows in the table schema (id, endpoints,
 //!      provenance), tombstones → the ids they delete (`keys`);
 //! 3. `checks` — the `.pg` constraints (enum, `@range`, `@check`);
@@ -26,6 +27,7 @@ mod avro;
 mod checks;
 mod format;
 mod json;
+mod json_schema;
 mod keys;
 mod lww;
 mod partitioner;
