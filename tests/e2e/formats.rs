@@ -398,3 +398,42 @@ async fn json_schema_records_land_through_apicurio() {
     codes.sort();
     assert_eq!(codes, ["bad_framing", "schema_mismatch"]);
 }
+
+/// At start, a subject whose latest schema cannot resolve to the type is
+/// refused (exit 2, one line naming the topic, the field and why); a
+/// registry that cannot be reached is a warning, not a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_refuses_a_subject_that_cannot_resolve_and_warns_on_no_registry() {
+    crate::init_logs();
+    let reg = TestRegistry::start().unwrap();
+    let tg = TestGraph::with_schema(
+        PG,
+        &["node = \"Person\"\nformat = \"avro\""],
+        &registry_toml(&reg.url()),
+    );
+    let topic = &tg.topics[0];
+    // No subject yet: fine.
+    let out = tg.cli(&["check"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The latest version lacks the required `name`.
+    let no_name = r#"{"type":"record","name":"P","fields":[{"name":"age","type":"int"}]}"#;
+    reg.register(&format!("{topic}-value"), "AVRO", V1, json!([]));
+    reg.register(&format!("{topic}-value"), "AVRO", no_name, json!([]));
+    let out = tg.cli(&["check"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(topic.as_str()) && err.contains("'name'") && err.contains("schema_mismatch"),
+        "{err}"
+    );
+    // A registry that does not answer: a warning, and the check passes.
+    drop(reg);
+    let out = tg.cli(&["check"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("cannot read the subject"), "{err}");
+}
