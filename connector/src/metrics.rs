@@ -335,7 +335,16 @@ impl Metrics {
             schema_registry_requests: reg!(
                 "graphsink_schema_registry_requests",
                 "Schema Registry requests, by result (ok, not_found, refused, unavailable)",
-                Family::default()
+                {
+                    // Every result from the start, at 0: a rate over a
+                    // series that appears only at its first failure misses
+                    // that failure.
+                    let f = Family::<ResultLabels, Counter>::default();
+                    for result in ["ok", "not_found", "refused", "unavailable"] {
+                        f.get_or_create(&ResultLabels { result });
+                    }
+                    f
+                }
             ),
             pending_edges: reg!(
                 "graphsink_pending_edges",
