@@ -341,7 +341,7 @@ impl Metrics {
                     // that failure.
                     let f = Family::<ResultLabels, Counter>::default();
                     for result in ["ok", "not_found", "refused", "unavailable"] {
-                        f.get_or_create(&ResultLabels { result });
+                        drop(f.get_or_create(&ResultLabels { result }));
                     }
                     f
                 }

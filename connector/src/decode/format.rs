@@ -15,7 +15,7 @@ use arrow::array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::config::{Mapping, ValueFormatName};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::registry;
 use crate::rejects::RejectCode;
 use crate::schema::GraphType;
@@ -23,6 +23,7 @@ use crate::schema::GraphType;
 use super::avro::AvroFormat;
 use super::json::JsonFormat;
 use super::json_schema::JsonSchemaFormat;
+use super::protobuf::ProtobufFormat;
 use super::shape::Endpoint;
 use super::Step;
 
@@ -103,6 +104,7 @@ pub(super) enum Format {
     Json(JsonFormat),
     Avro(AvroFormat),
     JsonSchema(JsonSchemaFormat),
+    Protobuf(ProtobufFormat),
 }
 
 impl Format {
@@ -123,11 +125,8 @@ impl Format {
             ValueFormatName::JsonSchema => {
                 Format::JsonSchema(JsonSchemaFormat::new(mapping, ty, values, batch_size)?)
             }
-            other => {
-                return Err(Error::config(format!(
-                    "mapping for topic {}: format {other:?} is not built yet",
-                    mapping.topic
-                )))
+            ValueFormatName::Protobuf => {
+                Format::Protobuf(ProtobufFormat::new(mapping, ty, values, batch_size)?)
             }
         })
     }
@@ -139,6 +138,7 @@ impl ValueFormat for Format {
             Format::Json(f) => f.screen(value),
             Format::Avro(f) => f.screen(value),
             Format::JsonSchema(f) => f.screen(value),
+            Format::Protobuf(f) => f.screen(value),
         }
     }
 
@@ -147,6 +147,7 @@ impl ValueFormat for Format {
             Format::Json(f) => f.decode(values),
             Format::Avro(f) => f.decode(values),
             Format::JsonSchema(f) => f.decode(values),
+            Format::Protobuf(f) => f.decode(values),
         }
     }
 
@@ -155,6 +156,7 @@ impl ValueFormat for Format {
             Format::Json(f) => f.classify(value),
             Format::Avro(f) => f.classify(value),
             Format::JsonSchema(f) => f.classify(value),
+            Format::Protobuf(f) => f.classify(value),
         }
     }
 
@@ -163,6 +165,7 @@ impl ValueFormat for Format {
             Format::Json(f) => f.unlearned(value),
             Format::Avro(f) => f.unlearned(value),
             Format::JsonSchema(f) => f.unlearned(value),
+            Format::Protobuf(f) => f.unlearned(value),
         }
     }
 
@@ -171,6 +174,7 @@ impl ValueFormat for Format {
             Format::Json(f) => f.learn(id, schema),
             Format::Avro(f) => f.learn(id, schema),
             Format::JsonSchema(f) => f.learn(id, schema),
+            Format::Protobuf(f) => f.learn(id, schema),
         }
     }
 }

@@ -13,7 +13,7 @@
 //!    fails alone; a batch goes through
 //!    - `format` — the seam: the values → one Arrow batch in the value
 //!      schema (`shape`), by the mapping's format (`json`, `avro`,
-//!      `json_schema`), and
+//!      `json_schema`, `protobuf`), and
 //!    - `rows` — that batch → rows in the table schema (id, endpoints,
 //!      provenance), tombstones → the ids they delete (`keys`);
 //! 3. `checks` — the `.pg` constraints (enum, `@range`, `@check`);
@@ -31,6 +31,7 @@ mod json_schema;
 mod keys;
 mod lww;
 mod partitioner;
+mod protobuf;
 mod rows;
 mod shape;
 mod split;
@@ -248,6 +249,12 @@ impl RecordDecoder {
     /// fetched (`learn`) before `decode`.
     pub fn unlearned_id(&self, value: &[u8]) -> Option<u32> {
         self.format.unlearned(value)
+    }
+
+    /// Whether the registry should be asked for Protobuf's serialized
+    /// descriptor (`format=serialized`) rather than the text.
+    pub fn wants_descriptor(&self) -> bool {
+        matches!(self.format, Format::Protobuf(_))
     }
 
     /// Registry formats: why records of schema `id` are refused, if they

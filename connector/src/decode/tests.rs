@@ -4,6 +4,7 @@
 
 mod avro;
 mod hostile;
+mod protobuf;
 mod types;
 
 use std::sync::Arc;

@@ -114,10 +114,13 @@ impl SchemaHolds {
             );
             newly.push(tp);
             if self.fetching.insert((m.topic().to_string(), id)) {
+                // Protobuf asks for the serialized descriptor first.
+                let serialized = decoders[m.topic()].wants_descriptor();
                 tokio::spawn(fetch(
                     registry.clone(),
                     m.topic().to_string(),
                     id,
+                    serialized,
                     self.tx.clone(),
                 ));
             }
@@ -210,10 +213,20 @@ impl SchemaHolds {
 }
 
 /// Fetches `id` until the registry answers, with backoff.
-async fn fetch(registry: Registry, topic: String, id: u32, tx: mpsc::UnboundedSender<SchemaEvent>) {
+async fn fetch(
+    registry: Registry,
+    topic: String,
+    id: u32,
+    serialized: bool,
+    tx: mpsc::UnboundedSender<SchemaEvent>,
+) {
     let mut backoff = BACKOFF_FIRST;
     loop {
-        let schema = match registry.schema(id, false).await {
+        let asked = match registry.schema(id, serialized).await {
+            Ok(s) => registry.with_imports(s).await,
+            Err(e) => Err(e),
+        };
+        let schema = match asked {
             Ok(s) => Ok(s),
             Err(Lookup::NotFound(m)) => Err(m),
             Err(Lookup::Unavailable(why)) => {

@@ -68,7 +68,14 @@ async fn check_subjects(config: &Config, schema: &GraphSchema) -> Result<()> {
         };
         let mut d =
             crate::decode::RecordDecoder::new(schema, m, 1, config.errors.max_record_bytes)?;
-        d.learn(latest.id, Ok(latest.schema.clone()));
+        let learned = match registry.with_imports(latest.schema.clone()).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(topic = %m.topic, %subject, "cannot read the schemas the subject imports ({e}); records are checked as they come");
+                continue;
+            }
+        };
+        d.learn(latest.id, Ok(learned));
         if let Some((code, why)) = d.refusal(latest.id) {
             return Err(Error::config(format!(
                 "topic {}: the latest schema of subject {subject} (version {}, id {}) cannot be read as {} ({}): {why}",

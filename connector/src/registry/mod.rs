@@ -53,6 +53,9 @@ pub struct Schema {
     /// served it (`format=serialized`, base64).
     pub descriptor: Option<Vec<u8>>,
     pub references: Vec<Reference>,
+    /// The schemas `references` name, transitively, by import name, once
+    /// `with_imports` has fetched them (empty until then).
+    pub imports: Vec<(String, Arc<Schema>)>,
 }
 
 /// A subject's version: which id it is, and its schema.
@@ -282,6 +285,30 @@ impl Registry {
         Ok(Arc::new(schema_of(parse_schema(&body, &path)?)))
     }
 
+    /// `schema` with every schema it references fetched, transitively (by
+    /// subject and version; each import name once), into `imports`.
+    pub async fn with_imports(
+        &self,
+        schema: Arc<Schema>,
+    ) -> std::result::Result<Arc<Schema>, Lookup> {
+        if schema.references.is_empty() {
+            return Ok(schema);
+        }
+        let mut imports: Vec<(String, Arc<Schema>)> = Vec::new();
+        let mut todo: Vec<Reference> = schema.references.clone();
+        while let Some(r) = todo.pop() {
+            if imports.iter().any(|(name, _)| *name == r.name) {
+                continue;
+            }
+            let v = self.version(&r.subject, &r.version.to_string()).await?;
+            todo.extend(v.schema.references.iter().cloned());
+            imports.push((r.name, v.schema));
+        }
+        let mut out = (*schema).clone();
+        out.imports = imports;
+        Ok(Arc::new(out))
+    }
+
     /// `subject`'s version `version` (a number or `latest`).
     pub async fn version(
         &self,
@@ -375,6 +402,7 @@ fn schema_of(reply: SchemaReply) -> Schema {
         text: reply.schema,
         descriptor: None,
         references: reply.references,
+        imports: Vec::new(),
     }
 }
 

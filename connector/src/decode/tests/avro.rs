@@ -68,6 +68,7 @@ fn avro(text: &str) -> super::super::Learned {
         text: text.to_string(),
         descriptor: None,
         references: vec![],
+        imports: vec![],
     }))
 }
 
