@@ -67,7 +67,15 @@ fn encode_as(
     schema: &str,
     records: &[Value],
 ) -> Vec<(Vec<u8>, Value)> {
-    let job = json!({"format": format, "schema": schema, "records": records});
+    encode_job(
+        registry,
+        topic,
+        json!({"format": format, "schema": schema, "records": records}),
+    )
+}
+
+/// Runs one sr_encode.py job (see its doc).
+fn encode_job(registry: &str, topic: &str, job: Value) -> Vec<(Vec<u8>, Value)> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/sr_encode.py");
     let mut child = Command::new(sr_python())
         .arg(script)
@@ -436,4 +444,88 @@ async fn check_refuses_a_subject_that_cannot_resolve_and_warns_on_no_registry() 
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("cannot read the subject"), "{err}");
+}
+
+/// Protobuf: Confluent's ProtobufSerializer (which registers the schema as
+/// a base64 descriptor) frames the messages; through the real broker
+/// against both registries. Apicurio answers the serialized ask with a 500
+/// and the plain one with the base64 text; the test registry serves it as
+/// registered.
+async fn protobuf_lands_against(registry: &str) {
+    let tg = TestGraph::with_schema(
+        PG,
+        &["node = \"Person\"\nformat = \"protobuf\"\nkey = \"kafka\""],
+        &registry_toml(registry),
+    );
+    let topic = &tg.topics[0];
+    create_topic(topic, 1).await;
+    let spec = json!({"package": "gs.test", "messages": [{"name": "Person", "fields": [
+        {"name": "name", "type": "string", "number": 1},
+        {"name": "age", "type": "int64", "number": 2, "optional": true},
+        {"name": "email", "type": "string", "number": 3, "optional": true}]}]});
+    let enc = encode_job(
+        registry,
+        topic,
+        json!({"format": "protobuf", "schema": spec, "message": "Person", "records": [
+            {"name": "ann", "age": 31},
+            {"name": "cy", "age": 5_000_000_000i64, "email": "cy@x"},
+            {"name": "bob"}]}),
+    );
+    // The frame of a real message, then a length past the value.
+    let mut garbage = enc[0].0[..6].to_vec();
+    garbage.extend_from_slice(&[0x0a, 0xff, 0xff, 0xff, 0x0f]);
+    let recs = vec![
+        raw(0, "ann", Some(enc[0].0.clone())),
+        raw(0, "cy", Some(enc[1].0.clone())),
+        raw(0, "bob", Some(enc[2].0.clone())),
+        raw(0, "bob", None),
+        raw(0, "g", Some(garbage)),
+        raw(0, "j", Some(br#"{"name":"json"}"#.to_vec())),
+    ];
+    produce_raw(topic, &recs).await;
+    try_run_to_end(&tg).await.expect("run");
+    let rows = tg.rows("nodes/Person").await;
+    // As Confluent's deserializer read them back (MessageToDict writes an
+    // int64 as a string; an unset optional field is absent).
+    let text = |v: &Value| match v {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    };
+    let got: BTreeMap<String, (Option<String>, Option<String>)> = rows
+        .iter()
+        .map(|(k, r)| (k.clone(), (text(&r["age"]), text(&r["email"]))))
+        .collect();
+    let want: BTreeMap<String, (Option<String>, Option<String>)> = enc[..2]
+        .iter()
+        .map(|(_, d)| {
+            let f = |k: &str| d.get(k).and_then(text);
+            (
+                d["name"].as_str().unwrap().to_string(),
+                (f("age"), f("email")),
+            )
+        })
+        .collect();
+    assert_eq!(got, want, "{rows:?}");
+    let mut codes: Vec<String> = rejects_at_head(&tg)
+        .await
+        .iter()
+        .map(|r| r["code"].as_str().unwrap().to_string())
+        .collect();
+    codes.sort();
+    assert_eq!(codes, ["bad_framing", "malformed_protobuf"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_from_confluents_serializer_lands_through_apicurio() {
+    crate::init_logs();
+    protobuf_lands_against(&apicurio()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_from_confluents_serializer_lands_through_the_test_registry() {
+    crate::init_logs();
+    let reg = TestRegistry::start().unwrap();
+    protobuf_lands_against(&reg.url()).await;
+    assert!(reg.unimplemented().is_empty(), "{:?}", reg.unimplemented());
 }

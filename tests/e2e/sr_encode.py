@@ -18,6 +18,37 @@ import sys
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.json_format import MessageToDict
+
+FD = descriptor_pb2.FieldDescriptorProto
+PROTO_TYPES = {
+    "string": FD.TYPE_STRING, "bytes": FD.TYPE_BYTES, "bool": FD.TYPE_BOOL,
+    "int32": FD.TYPE_INT32, "int64": FD.TYPE_INT64, "uint32": FD.TYPE_UINT32,
+    "uint64": FD.TYPE_UINT64, "float": FD.TYPE_FLOAT, "double": FD.TYPE_DOUBLE,
+}
+
+
+def proto_class(spec, message):
+    """A message class built from a small spec (no protoc here): {"package",
+    "messages": [{"name", "fields": [{"name", "type", "number", "optional"?,
+    "repeated"?}]}]}."""
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name=spec["package"].replace(".", "_") + ".proto", package=spec["package"], syntax="proto3")
+    for m in spec["messages"]:
+        mp = fdp.message_type.add(name=m["name"])
+        for f in m["fields"]:
+            fp = mp.field.add(name=f["name"], number=f["number"], type=PROTO_TYPES[f["type"]],
+                              label=FD.LABEL_REPEATED if f.get("repeated") else FD.LABEL_OPTIONAL)
+            if f.get("optional"):
+                # proto3 `optional`: a synthetic one-field oneof.
+                fp.proto3_optional = True
+                fp.oneof_index = len(mp.oneof_decl)
+                mp.oneof_decl.add(name="_" + f["name"])
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{spec['package']}.{message}"))
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 
@@ -46,6 +77,16 @@ def main():
     elif job["format"] == "json_schema":
         ser = JSONSerializer(job["schema"], client)
         de = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient({"url": url}))
+    elif job["format"] == "protobuf":
+        cls = proto_class(job["schema"], job["message"])
+        conf = {"use.deprecated.format": False}
+        ser = ProtobufSerializer(cls, client, conf)
+        de = ProtobufDeserializer(cls, conf)
+        for r in job["records"]:
+            framed = ser(cls(**r), ctx)
+            back = MessageToDict(de(framed, ctx), preserving_proto_field_name=True)
+            print(json.dumps({"value": framed.hex(), "decoded": back}))
+        return
     else:
         raise SystemExit(f"format {job['format']} is not scripted yet")
     for r in job["records"]:

@@ -236,10 +236,33 @@ fn descriptors(s: &Schema) -> std::result::Result<FileDescriptor, String> {
             .get_file_by_name(proto.name())
             .ok_or_else(|| "the serialized descriptor names no file".into());
     }
+    // Some registries answer a schema registered in the serialized form
+    // (as Confluent's Python serializer registers it) with that same
+    // base64 text: take it as the descriptor it is.
+    if let Some(proto) = serialized_text(&s.text) {
+        let mut pool = compile(&files, &proto.dependency)?;
+        pool.add_file_descriptor_proto(proto.clone())
+            .map_err(|e| format!("the serialized descriptor does not resolve: {e}"))?;
+        return pool
+            .get_file_by_name(proto.name())
+            .ok_or_else(|| "the serialized descriptor names no file".into());
+    }
     files.insert(ROOT.into(), s.text.clone());
     let pool = compile(&files, &[ROOT.to_string()])?;
     pool.get_file_by_name(ROOT)
         .ok_or_else(|| "the schema compiled to no file".into())
+}
+
+/// A schema text that is a base64 `FileDescriptorProto` (`.proto` source
+/// never is: it holds spaces and `;`).
+fn serialized_text(text: &str) -> Option<prost_types::FileDescriptorProto> {
+    use base64::Engine;
+    let t = text.trim();
+    if t.is_empty() || t.contains(|c: char| c.is_whitespace() || c == ';') {
+        return None;
+    }
+    let bytes = base64::engine::general_purpose::STANDARD.decode(t).ok()?;
+    prost_types::FileDescriptorProto::decode(bytes.as_slice()).ok()
 }
 
 /// Compiles `roots` from the in-memory `files` and Google's well-known types.
@@ -479,6 +502,22 @@ fn days(v: &Value) -> Option<i32> {
     i32::try_from((date - epoch).num_days()).ok()
 }
 
+/// Each value through `f`, nulls kept.
+fn each<T>(
+    vals: &[Option<Value>],
+    f: impl Fn(&Value) -> Option<T>,
+    what: &str,
+) -> std::result::Result<Vec<Option<T>>, String> {
+    vals.iter()
+        .map(|v| match v {
+            None => Ok(None),
+            Some(x) => f(x)
+                .map(Some)
+                .ok_or_else(|| format!("expected {what}, got {x:?}")),
+        })
+        .collect()
+}
+
 /// One column of values as Arrow type `t`; a value that does not fit
 /// (out of range, another kind) fails the batch.
 fn column(vals: Vec<Option<Value>>, t: &DataType) -> std::result::Result<ArrayRef, String> {
@@ -486,111 +525,58 @@ fn column(vals: Vec<Option<Value>>, t: &DataType) -> std::result::Result<ArrayRe
     if vals.iter().all(Option::is_none) {
         return Ok(new_null_array(t, n));
     }
+    // An integer of any kind, checked into the property's type.
     macro_rules! ints {
         ($arr:ty, $native:ty) => {{
-            let out: std::result::Result<Vec<Option<$native>>, String> = vals
-                .iter()
-                .map(|v| match v {
-                    None => Ok(None),
-                    Some(x) => {
-                        let i =
-                            int_of(x).ok_or_else(|| format!("expected an integer, got {x:?}"))?;
-                        <$native>::try_from(i)
-                            .map(Some)
-                            .map_err(|_| format!("{i} does not fit {t}"))
-                    }
+            let wide = each(&vals, int_of, "an integer")?;
+            let out: std::result::Result<Vec<Option<$native>>, String> = wide
+                .into_iter()
+                .map(|i| {
+                    i.map(|i| <$native>::try_from(i).map_err(|_| format!("{i} does not fit {t}")))
+                        .transpose()
                 })
                 .collect();
             Ok(Arc::new(<$arr>::from(out?)) as ArrayRef)
         }};
     }
+    let text = |v: &Value| match v {
+        Value::String(s) => Some(s.clone()),
+        _ => None,
+    };
     match t {
-        DataType::Utf8 => {
-            let out: std::result::Result<Vec<Option<String>>, String> = vals
-                .into_iter()
-                .map(|v| match v {
-                    None => Ok(None),
-                    Some(Value::String(s)) => Ok(Some(s)),
-                    Some(other) => Err(format!("expected a string, got {other:?}")),
-                })
-                .collect();
-            Ok(Arc::new(StringArray::from(out?)))
-        }
+        DataType::Utf8 => Ok(Arc::new(StringArray::from(each(&vals, text, "a string")?))),
         DataType::Binary => {
-            let out: std::result::Result<Vec<Option<Vec<u8>>>, String> = vals
-                .into_iter()
-                .map(|v| match v {
-                    None => Ok(None),
-                    Some(Value::Bytes(b)) => Ok(Some(b.to_vec())),
-                    Some(Value::String(s)) => Ok(Some(s.into_bytes())),
-                    Some(other) => Err(format!("expected bytes, got {other:?}")),
-                })
-                .collect();
-            let out = out?;
-            Ok(Arc::new(BinaryArray::from_iter(out)))
+            let bytes = |v: &Value| match v {
+                Value::Bytes(b) => Some(b.to_vec()),
+                Value::String(s) => Some(s.clone().into_bytes()),
+                _ => None,
+            };
+            Ok(Arc::new(BinaryArray::from_iter(each(
+                &vals, bytes, "bytes",
+            )?)))
         }
-        DataType::Boolean => {
-            let out: std::result::Result<Vec<Option<bool>>, String> = vals
-                .into_iter()
-                .map(|v| match v {
-                    None => Ok(None),
-                    Some(Value::Bool(b)) => Ok(Some(b)),
-                    Some(other) => Err(format!("expected a bool, got {other:?}")),
-                })
-                .collect();
-            Ok(Arc::new(BooleanArray::from(out?)))
-        }
+        DataType::Boolean => Ok(Arc::new(BooleanArray::from(each(
+            &vals,
+            Value::as_bool,
+            "a bool",
+        )?))),
         DataType::Int32 => ints!(Int32Array, i32),
         DataType::Int64 => ints!(Int64Array, i64),
         DataType::UInt32 => ints!(UInt32Array, u32),
         DataType::UInt64 => ints!(UInt64Array, u64),
-        DataType::Float32 | DataType::Float64 => {
-            let out: std::result::Result<Vec<Option<f64>>, String> = vals
-                .iter()
-                .map(|v| match v {
-                    None => Ok(None),
-                    Some(x) => float_of(x)
-                        .map(Some)
-                        .ok_or_else(|| format!("expected a number, got {x:?}")),
-                })
-                .collect();
-            let doubles: ArrayRef = Arc::new(Float64Array::from(out?));
-            if t == &DataType::Float32 {
-                let f: Vec<Option<f32>> = doubles
-                    .as_any()
-                    .downcast_ref::<Float64Array>()
-                    .expect("f64")
-                    .iter()
-                    .map(|x| x.map(|x| x as f32))
-                    .collect();
-                return Ok(Arc::new(Float32Array::from(f)));
-            }
-            Ok(doubles)
+        DataType::Float64 => Ok(Arc::new(Float64Array::from(each(
+            &vals, float_of, "a number",
+        )?))),
+        DataType::Float32 => {
+            let f = |v: &Value| float_of(v).map(|x| x as f32);
+            Ok(Arc::new(Float32Array::from(each(&vals, f, "a number")?)))
         }
-        DataType::Date32 => {
-            let out: std::result::Result<Vec<Option<i32>>, String> = vals
-                .iter()
-                .map(|v| match v {
-                    None => Ok(None),
-                    Some(x) => days(x)
-                        .map(Some)
-                        .ok_or_else(|| format!("not a date: {x:?}")),
-                })
-                .collect();
-            Ok(Arc::new(Date32Array::from(out?)))
-        }
-        DataType::Date64 => {
-            let out: std::result::Result<Vec<Option<i64>>, String> = vals
-                .iter()
-                .map(|v| match v {
-                    None => Ok(None),
-                    Some(x) => timestamp_ms(x)
-                        .map(Some)
-                        .ok_or_else(|| format!("not a timestamp: {x:?}")),
-                })
-                .collect();
-            Ok(Arc::new(Date64Array::from(out?)))
-        }
+        DataType::Date32 => Ok(Arc::new(Date32Array::from(each(&vals, days, "a date")?))),
+        DataType::Date64 => Ok(Arc::new(Date64Array::from(each(
+            &vals,
+            timestamp_ms,
+            "a timestamp",
+        )?))),
         DataType::List(item) | DataType::FixedSizeList(item, _) => {
             // A repeated field cannot tell absent from empty: for a
             // Vector(n), empty reads as absent (null), not as a 0-vector.

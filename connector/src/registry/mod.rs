@@ -261,7 +261,7 @@ impl Registry {
         let path = format!("/schemas/ids/{id}");
         if serialized {
             // Registries differ here: Confluent's answers base64, Apicurio
-            // the raw bytes in a JSON string, or a 400 with no body when the
+            // the raw bytes in a JSON string, or a 400 or 500 when the
             // schema was registered in that form. Only base64 that decodes
             // is taken; anything else but a missing id falls back to the
             // `.proto` text, which every registry serves.
@@ -277,8 +277,9 @@ impl Registry {
                     }
                 }
                 Err(Reply::NotFound(m)) if m.contains("40403") => return Err(Lookup::NotFound(m)),
-                Err(Reply::NotFound(_) | Reply::Refused(_)) => {}
-                Err(Reply::Unavailable(m)) => return Err(Lookup::Unavailable(m)),
+                // Not served in that form (Apicurio answers 400 or 500):
+                // the text answers whether the registry is there at all.
+                Err(_) => {}
             }
         }
         let body = self.get(&path).await.map_err(Reply::lookup)?;

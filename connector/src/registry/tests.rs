@@ -152,6 +152,11 @@ async fn protobuf_takes_the_serialized_form_when_served_else_the_text() {
     reg.fail_next(400, 1);
     let s = c.schema(id3, true).await.unwrap();
     assert!(s.text.contains("message R"), "{}", s.text);
+    // So does a 500 to it (Apicurio, for a schema registered as base64).
+    let id4 = reg.register("s-value", "PROTOBUF", &proto.replace('P', "S"), json!([]));
+    reg.fail_next(500, 1);
+    let s = c.schema(id4, true).await.unwrap();
+    assert!(s.text.contains("message S"), "{}", s.text);
     assert!(matches!(c.schema(99, true).await, Err(Lookup::NotFound(_))));
 }
 

@@ -129,7 +129,8 @@ fn zigzag(bytes: &[u8], at: usize) -> Result<(i32, usize), WireError> {
     Err(WireError("message index varint longer than 5 bytes".into()))
 }
 
-fn put_zigzag(out: &mut Vec<u8>, v: i64) {
+/// Appends `v` as a zigzag varint (Protobuf's `sint64`, Avro's `long`).
+pub(crate) fn put_zigzag(out: &mut Vec<u8>, v: i64) {
     let mut u = ((v << 1) ^ (v >> 63)) as u64;
     loop {
         let b = (u & 0x7f) as u8;

@@ -27,17 +27,9 @@ const V2: &str = r#"{"type":"record","name":"Person","namespace":"t","fields":[
     {"name":"id","type":"string"},{"name":"name","type":"string"},{"name":"age","type":"long"},
     {"name":"email","type":["null","string"],"default":null}]}"#;
 
+/// An Avro `long` (or `int`): a zigzag varint.
 fn long(out: &mut Vec<u8>, v: i64) {
-    let mut u = ((v << 1) ^ (v >> 63)) as u64;
-    loop {
-        let b = (u & 0x7f) as u8;
-        u >>= 7;
-        if u == 0 {
-            out.push(b);
-            return;
-        }
-        out.push(b | 0x80);
-    }
+    wire::put_zigzag(out, v);
 }
 
 fn string(out: &mut Vec<u8>, s: &str) {
