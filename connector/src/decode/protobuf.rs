@@ -229,28 +229,31 @@ fn descriptors(s: &Schema) -> std::result::Result<FileDescriptor, String> {
     if let Some(bytes) = &s.descriptor {
         let proto = prost_types::FileDescriptorProto::decode(bytes.as_slice())
             .map_err(|e| format!("the serialized descriptor does not decode: {e}"))?;
-        let mut pool = compile(&files, &proto.dependency)?;
-        pool.add_file_descriptor_proto(proto.clone())
-            .map_err(|e| format!("the serialized descriptor does not resolve: {e}"))?;
-        return pool
-            .get_file_by_name(proto.name())
-            .ok_or_else(|| "the serialized descriptor names no file".into());
+        return from_descriptor(&files, proto);
     }
     // Some registries answer a schema registered in the serialized form
     // (as Confluent's Python serializer registers it) with that same
     // base64 text: take it as the descriptor it is.
     if let Some(proto) = serialized_text(&s.text) {
-        let mut pool = compile(&files, &proto.dependency)?;
-        pool.add_file_descriptor_proto(proto.clone())
-            .map_err(|e| format!("the serialized descriptor does not resolve: {e}"))?;
-        return pool
-            .get_file_by_name(proto.name())
-            .ok_or_else(|| "the serialized descriptor names no file".into());
+        return from_descriptor(&files, proto);
     }
     files.insert(ROOT.into(), s.text.clone());
     let pool = compile(&files, &[ROOT.to_string()])?;
     pool.get_file_by_name(ROOT)
         .ok_or_else(|| "the schema compiled to no file".into())
+}
+
+/// The file of a serialized descriptor, its imports compiled from `files`.
+fn from_descriptor(
+    files: &HashMap<String, String>,
+    proto: prost_types::FileDescriptorProto,
+) -> std::result::Result<FileDescriptor, String> {
+    let mut pool = compile(files, &proto.dependency)?;
+    let name = proto.name().to_string();
+    pool.add_file_descriptor_proto(proto)
+        .map_err(|e| format!("the serialized descriptor does not resolve: {e}"))?;
+    pool.get_file_by_name(&name)
+        .ok_or_else(|| "the serialized descriptor names no file".into())
 }
 
 /// A schema text that is a base64 `FileDescriptorProto` (`.proto` source
