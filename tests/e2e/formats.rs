@@ -2,8 +2,8 @@
 //! Python serializers (sr_encode.py), through the real broker, against a
 //! real registry (Apicurio Registry, `GRAPHSINK_TEST_REGISTRY`, which
 //! scripts/test.sh starts) and the testkit's registry (which can also be
-//! stopped, for the stall). The rows must equal what Confluent's
-//! deserializer reads back from the same bytes.
+//! stopped, for the stall). The rows, read back by pylance, must equal
+//! what Confluent's deserializer reads back from the same bytes.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -76,6 +76,29 @@ fn encode_as(
 
 /// Runs one sr_encode.py job (see its doc).
 fn encode_job(registry: &str, topic: &str, job: Value) -> Vec<(Vec<u8>, Value)> {
+    encode_keyed(registry, topic, job)
+        .into_iter()
+        .map(|e| (e.value, e.decoded))
+        .collect()
+}
+
+/// One record framed by Confluent's serializers.
+struct Encoded {
+    value: Vec<u8>,
+    decoded: Value,
+    /// The framed key, when the job has `key_schema`.
+    key: Option<Vec<u8>>,
+}
+
+fn unhex(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Runs one sr_encode.py job, keys and all.
+fn encode_keyed(registry: &str, topic: &str, job: Value) -> Vec<Encoded> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/sr_encode.py");
     let mut child = Command::new(sr_python())
         .arg(script)
@@ -104,12 +127,40 @@ fn encode_job(registry: &str, topic: &str, job: Value) -> Vec<(Vec<u8>, Value)> 
         .lines()
         .map(|l| {
             let v: Value = serde_json::from_str(l).unwrap();
-            let hex = v["value"].as_str().unwrap();
-            let bytes = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                .collect();
-            (bytes, v["decoded"].clone())
+            Encoded {
+                value: unhex(v["value"].as_str().unwrap()),
+                decoded: v["decoded"].clone(),
+                key: v["key"].as_str().map(unhex),
+            }
+        })
+        .collect()
+}
+
+/// Rows of `table` at the head commit, read by pylance (lance_rows.py), not
+/// by graphsink's Rust reader: id → row.
+async fn pylance_rows(tg: &TestGraph, table: &str) -> BTreeMap<String, Value> {
+    let g = tg.graph().await;
+    let version = g.head().await.unwrap().tables[table];
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/lance_rows.py");
+    let options = serde_json::to_string(g.store().options()).unwrap();
+    let out = Command::new(sr_python())
+        .arg(script)
+        .arg(g.table_uri(table))
+        .arg(version.to_string())
+        .arg(options)
+        .output()
+        .expect("run lance_rows.py");
+    assert!(
+        out.status.success(),
+        "lance_rows.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let row: Value = serde_json::from_str(l).unwrap();
+            (row["id"].as_str().unwrap().to_string(), row)
         })
         .collect()
 }
@@ -189,7 +240,7 @@ async fn avro_lands_against(registry: &str) {
     produce_raw(knows, &edge_recs).await;
 
     try_run_to_end(&tg).await.expect("run");
-    let rows = tg.rows("nodes/Person").await;
+    let rows = pylance_rows(&tg, "nodes/Person").await;
     let got: BTreeMap<&str, (Value, Value)> = rows
         .iter()
         .map(|(id, r)| (id.as_str(), (r["age"].clone(), r["email"].clone())))
@@ -209,7 +260,7 @@ async fn avro_lands_against(registry: &str) {
     .into_iter()
     .collect();
     assert_eq!(got, want, "rows: {rows:?}");
-    let edges_rows = tg.rows("edges/Knows").await;
+    let edges_rows = pylance_rows(&tg, "edges/Knows").await;
     assert_eq!(edges_rows.len(), 1, "{edges_rows:?}");
     let e = edges_rows.values().next().unwrap();
     assert_eq!(
@@ -387,7 +438,7 @@ async fn json_schema_records_land_through_apicurio() {
     ];
     produce_raw(topic, &recs).await;
     try_run_to_end(&tg).await.expect("run");
-    let rows = tg.rows("nodes/Person").await;
+    let rows = pylance_rows(&tg, "nodes/Person").await;
     let ages: BTreeMap<&str, Value> = rows
         .iter()
         .map(|(k, r)| (k.as_str(), r["age"].clone()))
@@ -484,7 +535,7 @@ async fn protobuf_lands_against(registry: &str) {
     ];
     produce_raw(topic, &recs).await;
     try_run_to_end(&tg).await.expect("run");
-    let rows = tg.rows("nodes/Person").await;
+    let rows = pylance_rows(&tg, "nodes/Person").await;
     // As Confluent's deserializer read them back (MessageToDict writes an
     // int64 as a string; an unset optional field is absent).
     let text = |v: &Value| match v {
@@ -528,4 +579,98 @@ async fn protobuf_from_confluents_serializer_lands_through_the_test_registry() {
     let reg = TestRegistry::start().unwrap();
     protobuf_lands_against(&reg.url()).await;
     assert!(reg.unimplemented().is_empty(), "{:?}", reg.unimplemented());
+}
+
+/// Framed keys, through Confluent's AvroSerializer on the key (subject
+/// `<topic>-key`, a bare `string` schema) against Apicurio, on the S3
+/// backend: a key names its node, an edge's key is its id, a tombstone
+/// with a framed key deletes, and a key that is not framed is one
+/// `bad_framing` reject keeping the key's bytes. The rows, read back by
+/// pylance, equal what Confluent's deserializer read from the values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framed_keys_name_nodes_and_edges_on_s3_read_back_by_pylance() {
+    crate::init_logs();
+    let registry = apicurio();
+    let tg = TestGraph::on(
+        Backend::S3,
+        PG,
+        &[
+            "node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\"\nkey_format = \"avro\"",
+            "edge = \"Knows\"\nformat = \"avro\"\nkey = \"kafka\"\nkey_format = \"avro\"",
+        ],
+        &registry_toml(&registry),
+    );
+    let (people, knows) = (&tg.topics[0], &tg.topics[1]);
+    create_topic(people, 1).await;
+    create_topic(knows, 1).await;
+    let key = r#""string""#;
+    let v1 = encode_keyed(
+        &registry,
+        people,
+        json!({"format": "avro", "schema": V1, "key_schema": key, "keys": ["ann", "bob"],
+               "records": [{"name": "ann", "age": 31}, {"name": "bob", "age": null}]}),
+    );
+    let v2 = encode_keyed(
+        &registry,
+        people,
+        json!({"format": "avro", "schema": V2, "key_schema": key, "keys": ["cy"],
+               "records": [{"name": "cy", "age": 5_000_000_000i64, "email": "cy@x"}]}),
+    );
+    let edges = encode_keyed(
+        &registry,
+        knows,
+        json!({"format": "avro", "schema": KNOWS, "key_schema": key, "keys": ["e1"],
+               "records": [{"src": "ann", "dst": "cy", "since": 2020}]}),
+    );
+    let framed = |e: &Encoded, value: Option<Vec<u8>>| RawRec {
+        partition: 0,
+        key: e.key.clone(),
+        value,
+        headers: vec![],
+    };
+    let recs = vec![
+        framed(&v1[0], Some(v1[0].value.clone())),
+        framed(&v1[1], Some(v1[1].value.clone())),
+        framed(&v2[0], Some(v2[0].value.clone())),
+        // bob's tombstone, keyed as his upsert was.
+        framed(&v1[1], None),
+        raw(0, "plain", Some(v1[0].value.clone())),
+    ];
+    produce_raw(people, &recs).await;
+    produce_raw(knows, &[framed(&edges[0], Some(edges[0].value.clone()))]).await;
+    try_run_to_end(&tg).await.expect("run");
+
+    let rows = pylance_rows(&tg, "nodes/Person").await;
+    let got: BTreeMap<&str, (Value, Value)> = rows
+        .iter()
+        .map(|(id, r)| (id.as_str(), (r["age"].clone(), r["email"].clone())))
+        .collect();
+    let decoded = |d: &Value| {
+        (
+            d["age"].clone(),
+            d.get("email").cloned().unwrap_or(Value::Null),
+        )
+    };
+    let want: BTreeMap<&str, (Value, Value)> = [
+        ("ann", decoded(&v1[0].decoded)),
+        ("cy", decoded(&v2[0].decoded)),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(got, want, "{rows:?}");
+    let e = pylance_rows(&tg, "edges/Knows").await;
+    assert_eq!(e.keys().collect::<Vec<_>>(), ["e1"], "{e:?}");
+    assert_eq!(
+        (
+            e["e1"]["src"].as_str(),
+            e["e1"]["dst"].as_str(),
+            e["e1"]["since"].as_i64()
+        ),
+        (Some("ann"), Some("cy"), Some(2020))
+    );
+    let rejects = rejects_at_head(&tg).await;
+    assert_eq!(rejects.len(), 1, "{rejects:?}");
+    assert_eq!(rejects[0]["code"], "bad_framing");
+    let dlq = read_topic(&tg.dlq, 1, Duration::from_secs(20));
+    assert_eq!(dlq[0].key.as_deref(), Some(b"plain".as_slice()));
 }

@@ -6,10 +6,12 @@ prints, so the bytes graphsink reads are Confluent's, not graphsink's.
 
     python sr_encode.py REGISTRY_URL SUBJECT_TOPIC < job.json
 
-job.json: {"format": "avro", "schema": "<schema text>", "records": [...]}.
+job.json: {"format": "avro", "schema": "<schema text>", "records": [...]},
+optionally with framed keys: "key_schema" (an Avro schema, registered as
+`<topic>-key`) and "keys" (one per record).
 Prints one JSON object per record: {"value": hex of the framed bytes,
 "decoded": the record as Confluent's deserializer reads it back (fastavro
-under the hood), with bytes as hex}.
+under the hood), with bytes as hex, and "key": hex of the framed key}.
 """
 
 import json
@@ -89,9 +91,14 @@ def main():
         return
     else:
         raise SystemExit(f"format {job['format']} is not scripted yet")
-    for r in job["records"]:
+    keys = [None] * len(job["records"])
+    if "key_schema" in job:
+        key_ser = AvroSerializer(client, job["key_schema"])
+        key_ctx = SerializationContext(topic, MessageField.KEY)
+        keys = [key_ser(k, key_ctx).hex() for k in job["keys"]]
+    for r, k in zip(job["records"], keys):
         framed = ser(r, ctx)
-        print(json.dumps({"value": framed.hex(), "decoded": plain(de(framed, ctx))}))
+        print(json.dumps({"value": framed.hex(), "decoded": plain(de(framed, ctx)), "key": k}))
 
 
 if __name__ == "__main__":

@@ -566,6 +566,20 @@ fn reader_type(
     })
 }
 
+/// A one-part key's writer schema as a record of one field named `field`,
+/// when it is a bare type rather than a record: Avro encodes a record as
+/// its fields in order, so a bare value's bytes read the same as that
+/// record's. `None` for a record (or text that is not JSON).
+pub(super) fn key_record(writer: &str, field: &str) -> Option<String> {
+    let w: Value = serde_json::from_str(writer).ok()?;
+    if w.get("type").and_then(Value::as_str) == Some("record") {
+        return None;
+    }
+    let record = json!({"type": "record", "name": "graphsink_key",
+        "fields": [{"name": field, "type": w}]});
+    Some(record.to_string())
+}
+
 /// `["null", T]` (either order) → (T, true); anything else → (it, false).
 fn strip_null(t: &Value) -> (Value, bool) {
     if let Value::Array(branches) = t {

@@ -132,6 +132,23 @@ impl Format {
     }
 }
 
+impl Format {
+    /// Why every record framed with schema `id` is refused, whatever its
+    /// payload (the registry lacks the id, or its schema does not resolve
+    /// to the type), if it is.
+    pub(super) fn refused(&self, id: u32) -> Option<(RejectCode, String)> {
+        self.screen(&registry::wire::framed(id, &[]))
+            .filter(|(code, _)| {
+                matches!(
+                    code,
+                    RejectCode::UnknownSchemaId
+                        | RejectCode::SchemaMismatch
+                        | RejectCode::UnknownField
+                )
+            })
+    }
+}
+
 impl ValueFormat for Format {
     fn screen(&self, value: &[u8]) -> Option<(RejectCode, String)> {
         match self {

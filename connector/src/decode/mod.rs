@@ -8,7 +8,9 @@
 //! The stages of `RecordDecoder::decode`, in order:
 //! 1. screen (here) — what one record shows on its own, before any batch
 //!    work: oversized, on another partition than its key's
-//!    (`keys::misplaced`), or a value its format refuses outright;
+//!    (`keys::misplaced`), a key its `key_format` cannot read (keys in a
+//!    registry format become plain text here, `key_format`), or a value
+//!    its format refuses outright;
 //! 2. `split` — the rest as one batch, split around bad records so each
 //!    fails alone; a batch goes through
 //!    - `format` — the seam: the values → one Arrow batch in the value
@@ -28,6 +30,7 @@ mod checks;
 mod format;
 mod json;
 mod json_schema;
+mod key_format;
 mod keys;
 mod lww;
 mod partitioner;
@@ -45,7 +48,7 @@ use arrow_schema::Schema;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 
-use crate::config::{KeyFormatName, KeyOrigin, KeySource, Mapping, Partitioner};
+use crate::config::{KeyOrigin, KeySource, Mapping, Partitioner};
 use crate::error::{Error, Result};
 use crate::rejects::{owned_headers, Origin, Reject, RejectCode};
 use crate::schema::{GraphSchema, GraphType, TypeKind};
@@ -53,6 +56,7 @@ use crate::validate::Validator;
 
 pub(crate) use format::Learned;
 use format::{Format, ValueFormat, ValueSchema};
+use key_format::{KeyFormat, PlainKey};
 #[cfg(test)]
 use partitioner::partition_of;
 use shape::{EdgeId, Shape};
@@ -99,6 +103,13 @@ pub struct Decoded {
     pub rejects: Vec<Reject>,
 }
 
+/// Which part of a record a schema id frames (registry formats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Part {
+    Key,
+    Value,
+}
+
 /// Why one record cannot become a row, or a failure of graphsink itself.
 #[derive(Debug)]
 enum Fail {
@@ -124,6 +135,8 @@ pub struct RecordDecoder {
     shape: Shape,
     /// The values → Arrow: everything format-specific (format.rs).
     format: Format,
+    /// The Kafka keys → their plain text (key_format.rs).
+    keys: KeyFormat,
     max_record_bytes: usize,
     validator: Validator,
     /// Under `partition` sharding, whether each row's id must be the one its
@@ -153,14 +166,6 @@ impl RecordDecoder {
                 mapping.type_name()
             ))
         })?;
-        if mapping.key_format != KeyFormatName::Json {
-            // Refused rather than read as JSON text: a framed key read as
-            // text would name the wrong node.
-            return Err(Error::config(format!(
-                "mapping for topic {}: key_format {:?} is not built yet (docs/formats.md)",
-                mapping.topic, mapping.key_format
-            )));
-        }
         let (fields, shape) = match ty.kind {
             TypeKind::Node if mapping.is_edge() => {
                 return Err(Error::config(format!(
@@ -183,6 +188,7 @@ impl RecordDecoder {
         };
         Ok(RecordDecoder {
             format: Format::of(mapping, ty, values, batch_size)?,
+            keys: KeyFormat::new(mapping, ty, &shape, batch_size)?,
             ty: ty.clone(),
             shape,
             max_record_bytes,
@@ -251,27 +257,70 @@ impl RecordDecoder {
         self.format.unlearned(value)
     }
 
+    /// The first schema id a record's key or value is framed with that
+    /// must be fetched (`learn_part`) before `decode`, key first.
+    pub fn unlearned_part(&self, key: Option<&[u8]>, value: Option<&[u8]>) -> Option<(Part, u32)> {
+        key.and_then(|k| self.keys.unlearned(k))
+            .map(|id| (Part::Key, id))
+            .or_else(|| {
+                value
+                    .and_then(|v| self.format.unlearned(v))
+                    .map(|id| (Part::Value, id))
+            })
+    }
+
     /// Whether the registry should be asked for Protobuf's serialized
     /// descriptor (`format=serialized`) rather than the text.
-    pub fn wants_descriptor(&self) -> bool {
-        matches!(self.format, Format::Protobuf(_))
+    pub fn wants_descriptor(&self, part: Part) -> bool {
+        match part {
+            Part::Key => self.keys.wants_descriptor(),
+            Part::Value => matches!(self.format, Format::Protobuf(_)),
+        }
     }
 
-    /// Registry formats: why records of schema `id` are refused, if they
+    /// Registry formats: why values of schema `id` are refused, if they
     /// are (it does not resolve to the type, or the registry lacks it).
     pub fn refusal(&self, id: u32) -> Option<(RejectCode, String)> {
-        self.format.screen(&crate::registry::wire::framed(id, &[]))
+        self.format.refused(id)
     }
 
-    /// Registry formats: what the registry holds for schema `id`.
+    /// Registry formats: what the registry holds for the values' schema `id`.
     pub fn learn(&mut self, id: u32, schema: Learned) {
         self.format.learn(id, schema);
+    }
+
+    /// Registry formats: what the registry holds for schema `id` of a key
+    /// or a value.
+    pub fn learn_part(&mut self, part: Part, id: u32, schema: Learned) {
+        match part {
+            Part::Key => self.keys.learn(id, schema),
+            Part::Value => self.format.learn(id, schema),
+        }
     }
 
     /// Decodes a whole poll. Records that cannot become rows are returned as
     /// rejects; the rest still go out as one batch.
     pub fn decode(&mut self, records: &[SourceRecord<'_>]) -> Result<Decoded> {
-        let (ok, mut rejects) = self.screen(records);
+        // Keys in plain form from here on (`key_format`); rejects keep the
+        // original bytes.
+        let plain = self.keys.plain(records);
+        let original = records;
+        let (ok, mut rejects) = self.screen(records, plain.as_deref());
+        let translated: Vec<SourceRecord<'_>>;
+        let records = match &plain {
+            None => records,
+            Some(plain) => {
+                translated = records
+                    .iter()
+                    .zip(plain)
+                    .map(|(r, p)| match p {
+                        PlainKey::Text(t) => SourceRecord { key: Some(t), ..*r },
+                        _ => *r,
+                    })
+                    .collect();
+                &translated
+            }
+        };
         // Values (the format) → rows, split around bad records.
         let mut sorted = self.rows_of(records, &ok)?;
         rejects.append(&mut sorted.rejects);
@@ -283,6 +332,13 @@ impl RecordDecoder {
         rejects.extend(checked.rejects);
         // Poll order, whichever stage refused them.
         rejects.sort_by_key(|(i, _)| *i);
+        if let Some(plain) = &plain {
+            for (i, r) in rejects.iter_mut() {
+                if matches!(plain[*i], PlainKey::Text(_)) {
+                    r.key = original[*i].key.map(<[u8]>::to_vec);
+                }
+            }
+        }
         let mut out = self.last_write_wins(
             records,
             checked.rows,
@@ -295,9 +351,14 @@ impl RecordDecoder {
     }
 
     /// Oversized records are refused before any parsing, then misplaced
-    /// ones, then values the format's screen refuses. Returns the indices
-    /// of the others, and the rejects.
-    fn screen(&self, records: &[SourceRecord<'_>]) -> (Vec<usize>, Vec<(usize, Reject)>) {
+    /// ones (by the key's bytes as the producer hashed them), then keys
+    /// their format cannot read, then values the format's screen refuses.
+    /// Returns the indices of the others, and the rejects.
+    fn screen(
+        &self,
+        records: &[SourceRecord<'_>],
+        plain: Option<&[PlainKey]>,
+    ) -> (Vec<usize>, Vec<(usize, Reject)>) {
         let mut rejects = Vec::new();
         let mut ok = Vec::with_capacity(records.len());
         for (i, r) in records.iter().enumerate() {
@@ -313,6 +374,12 @@ impl RecordDecoder {
                 _ if self.misplaced(r).is_some() => {
                     let m = self.misplaced(r).expect("just seen");
                     rejects.push((i, self.reject(r, RejectCode::WrongPartition, m, None)));
+                }
+                _ if matches!(plain.map(|p| &p[i]), Some(PlainKey::Bad(..))) => {
+                    let Some(PlainKey::Bad(code, m)) = plain.map(|p| &p[i]) else {
+                        unreachable!("just matched")
+                    };
+                    rejects.push((i, self.reject(r, *code, m.clone(), None)));
                 }
                 Some(v) => match self.format.screen(v) {
                     Some((code, m)) => rejects.push((i, self.reject(r, code, m, None))),

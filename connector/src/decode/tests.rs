@@ -1,9 +1,10 @@
 //! The decoder's unit tests, through `RecordDecoder::decode`; `types`: every
 //! `.pg` type; `hostile`: graphsink-testkit's hostile corpus; `avro`: the
-//! Avro format, on values encoded by hand.
+//! Avro format, on values encoded by hand; `keys`: `key_format`.
 
 mod avro;
 mod hostile;
+mod keys;
 mod protobuf;
 mod types;
 

@@ -20,7 +20,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use tokio::sync::mpsc;
 
-use crate::decode::{Learned, RecordDecoder};
+use crate::decode::{Learned, Part, RecordDecoder};
 use crate::error::Result;
 use crate::kafka::consumer::{self, GroupConsumer};
 use crate::metrics::Metrics;
@@ -37,6 +37,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 pub(super) enum SchemaEvent {
     Learned {
         topic: String,
+        part: Part,
         id: u32,
         schema: Learned,
     },
@@ -44,17 +45,18 @@ pub(super) enum SchemaEvent {
     Failing { id: u32, why: String },
 }
 
-/// A partition held at `offset` until its decoder learns `ids`.
+/// A partition held at `offset` until its decoder learns `ids` (of keys
+/// or values).
 struct Held {
     offset: i64,
-    ids: BTreeSet<u32>,
+    ids: BTreeSet<(Part, u32)>,
 }
 
 pub(super) struct SchemaHolds {
     registry: Option<Registry>,
     held: BTreeMap<TopicPartition, Held>,
-    /// (topic, id) being fetched.
-    fetching: HashSet<(String, u32)>,
+    /// (topic, part, id) being fetched.
+    fetching: HashSet<(String, Part, u32)>,
     tx: mpsc::UnboundedSender<SchemaEvent>,
     pub(super) events: mpsc::UnboundedReceiver<SchemaEvent>,
     /// Ids whose last ask failed, and why.
@@ -99,9 +101,8 @@ impl SchemaHolds {
             }
             let wanted = decoders
                 .get(m.topic())
-                .zip(m.payload())
-                .and_then(|(d, v)| d.unlearned_id(v));
-            let Some(id) = wanted else {
+                .and_then(|d| d.unlearned_part(m.key(), m.payload()));
+            let Some((part, id)) = wanted else {
                 keep.push(m);
                 continue;
             };
@@ -109,16 +110,17 @@ impl SchemaHolds {
                 tp.clone(),
                 Held {
                     offset: m.offset(),
-                    ids: BTreeSet::from([id]),
+                    ids: BTreeSet::from([(part, id)]),
                 },
             );
             newly.push(tp);
-            if self.fetching.insert((m.topic().to_string(), id)) {
+            if self.fetching.insert((m.topic().to_string(), part, id)) {
                 // Protobuf asks for the serialized descriptor first.
-                let serialized = decoders[m.topic()].wants_descriptor();
+                let serialized = decoders[m.topic()].wants_descriptor(part);
                 tokio::spawn(fetch(
                     registry.clone(),
                     m.topic().to_string(),
+                    part,
                     id,
                     serialized,
                     self.tx.clone(),
@@ -147,8 +149,13 @@ impl SchemaHolds {
                 self.failing.insert(id, why);
                 self.say();
             }
-            SchemaEvent::Learned { topic, id, schema } => {
-                self.fetching.remove(&(topic.clone(), id));
+            SchemaEvent::Learned {
+                topic,
+                part,
+                id,
+                schema,
+            } => {
+                self.fetching.remove(&(topic.clone(), part, id));
                 if self.failing.remove(&id).is_some() && self.failing.is_empty() {
                     tracing::info!(
                         event = "schema_registry_recovered",
@@ -156,14 +163,14 @@ impl SchemaHolds {
                     );
                 }
                 if let Some(d) = decoders.get_mut(&topic) {
-                    d.learn(id, schema);
+                    d.learn_part(part, id, schema);
                 }
                 let done: Vec<TopicPartition> = self
                     .held
                     .iter_mut()
                     .filter(|(tp, _)| tp.0 == topic)
                     .filter_map(|(tp, h)| {
-                        h.ids.remove(&id);
+                        h.ids.remove(&(part, id));
                         h.ids.is_empty().then(|| tp.clone())
                     })
                     .collect();
@@ -216,6 +223,7 @@ impl SchemaHolds {
 async fn fetch(
     registry: Registry,
     topic: String,
+    part: Part,
     id: u32,
     serialized: bool,
     tx: mpsc::UnboundedSender<SchemaEvent>,
@@ -238,7 +246,12 @@ async fn fetch(
                 continue;
             }
         };
-        let _ = tx.send(SchemaEvent::Learned { topic, id, schema });
+        let _ = tx.send(SchemaEvent::Learned {
+            topic,
+            part,
+            id,
+            schema,
+        });
         return;
     }
 }
