@@ -15,6 +15,8 @@ use serde_json::{json, Value};
 
 use crate::harness::*;
 
+crate::on_every_backend!(a_stopped_registry_holds_its_partition_and_loses_nothing);
+
 const PG: &str = r#"
 node Person { name: String @key  age: I64?  email: String? }
 edge Knows: Person -> Person { since: I32? }
@@ -179,9 +181,11 @@ fn registry_toml(url: &str) -> String {
 }
 
 /// Nodes (two writer versions) and edges in Avro, every reject code the
-/// registry formats add, and a tombstone, against one registry.
-async fn avro_lands_against(registry: &str) {
-    let tg = TestGraph::with_schema(
+/// registry formats add, and a tombstone, against one registry on one
+/// backend.
+async fn avro_lands_against(registry: &str, backend: Backend) {
+    let tg = TestGraph::on(
+        backend,
         PG,
         &[
             "node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\"",
@@ -287,16 +291,16 @@ async fn avro_lands_against(registry: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn avro_from_confluents_serializer_lands_through_apicurio() {
+async fn avro_from_confluents_serializer_lands_through_apicurio_on_s3() {
     crate::init_logs();
-    avro_lands_against(&apicurio()).await;
+    avro_lands_against(&apicurio(), Backend::S3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn avro_from_confluents_serializer_lands_through_the_test_registry() {
     crate::init_logs();
     let reg = TestRegistry::start().unwrap();
-    avro_lands_against(&reg.url()).await;
+    avro_lands_against(&reg.url(), Backend::Local).await;
     assert!(reg.unimplemented().is_empty(), "{:?}", reg.unimplemented());
 }
 
@@ -304,11 +308,11 @@ async fn avro_from_confluents_serializer_lands_through_the_test_registry() {
 /// of an unseen schema: nothing past it is committed, `/ready` says why,
 /// records of known schemas flow on, and once the registry is back every
 /// record lands.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_registry_holds_its_partition_and_loses_nothing() {
+async fn a_stopped_registry_holds_its_partition_and_loses_nothing(backend: Backend) {
     crate::init_logs();
     let mut reg = TestRegistry::start().unwrap();
-    let tg = TestGraph::with_schema(
+    let tg = TestGraph::on(
+        backend,
         PG,
         &["node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\""],
         &registry_toml(&reg.url()),
@@ -403,11 +407,10 @@ async fn a_stopped_registry_holds_its_partition_and_loses_nothing() {
 /// JSON Schema: Confluent's JSONSerializer frames JSON objects; the payload
 /// takes the JSON path. An Avro schema's id on a json_schema topic is a
 /// schema_mismatch.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn json_schema_records_land_through_apicurio() {
-    crate::init_logs();
-    let registry = apicurio();
-    let tg = TestGraph::with_schema(
+async fn json_schema_lands_against(registry: &str, backend: Backend) {
+    let registry = registry.to_string();
+    let tg = TestGraph::on(
+        backend,
         PG,
         &["node = \"Person\"\nformat = \"json_schema\""],
         &registry_toml(&registry),
@@ -456,6 +459,28 @@ async fn json_schema_records_land_through_apicurio() {
         .collect();
     codes.sort();
     assert_eq!(codes, ["bad_framing", "schema_mismatch"]);
+    // The subject's latest schema is a JSON Schema, which `check` (and so
+    // `graphsink run`) takes.
+    let out = tg.cli(&["check"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_records_land_through_apicurio_on_s3() {
+    crate::init_logs();
+    json_schema_lands_against(&apicurio(), Backend::S3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_records_land_through_the_test_registry() {
+    crate::init_logs();
+    let reg = TestRegistry::start().unwrap();
+    json_schema_lands_against(&reg.url(), Backend::Local).await;
+    assert!(reg.unimplemented().is_empty(), "{:?}", reg.unimplemented());
 }
 
 /// At start, a subject whose latest schema cannot resolve to the type is
@@ -502,8 +527,9 @@ async fn check_refuses_a_subject_that_cannot_resolve_and_warns_on_no_registry() 
 /// against both registries. Apicurio answers the serialized ask with a 500
 /// and the plain one with the base64 text; the test registry serves it as
 /// registered.
-async fn protobuf_lands_against(registry: &str) {
-    let tg = TestGraph::with_schema(
+async fn protobuf_lands_against(registry: &str, backend: Backend) {
+    let tg = TestGraph::on(
+        backend,
         PG,
         &["node = \"Person\"\nformat = \"protobuf\"\nkey = \"kafka\""],
         &registry_toml(registry),
@@ -568,31 +594,29 @@ async fn protobuf_lands_against(registry: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn protobuf_from_confluents_serializer_lands_through_apicurio() {
+async fn protobuf_from_confluents_serializer_lands_through_apicurio_on_s3() {
     crate::init_logs();
-    protobuf_lands_against(&apicurio()).await;
+    protobuf_lands_against(&apicurio(), Backend::S3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protobuf_from_confluents_serializer_lands_through_the_test_registry() {
     crate::init_logs();
     let reg = TestRegistry::start().unwrap();
-    protobuf_lands_against(&reg.url()).await;
+    protobuf_lands_against(&reg.url(), Backend::Local).await;
     assert!(reg.unimplemented().is_empty(), "{:?}", reg.unimplemented());
 }
 
 /// Framed keys, through Confluent's AvroSerializer on the key (subject
-/// `<topic>-key`, a bare `string` schema) against Apicurio, on the S3
-/// backend: a key names its node, an edge's key is its id, a tombstone
-/// with a framed key deletes, and a key that is not framed is one
-/// `bad_framing` reject keeping the key's bytes. The rows, read back by
-/// pylance, equal what Confluent's deserializer read from the values.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn framed_keys_name_nodes_and_edges_on_s3_read_back_by_pylance() {
-    crate::init_logs();
-    let registry = apicurio();
+/// `<topic>-key`, a bare `string` schema): a key names its node, an edge's
+/// key is its id, a tombstone with a framed key deletes, and a key that is
+/// not framed is one `bad_framing` reject keeping the key's bytes. The
+/// rows, read back by pylance, equal what Confluent's deserializer read
+/// from the values.
+async fn framed_keys_against(registry: &str, backend: Backend) {
+    let registry = registry.to_string();
     let tg = TestGraph::on(
-        Backend::S3,
+        backend,
         PG,
         &[
             "node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\"\nkey_format = \"avro\"",
@@ -673,4 +697,18 @@ async fn framed_keys_name_nodes_and_edges_on_s3_read_back_by_pylance() {
     assert_eq!(rejects[0]["code"], "bad_framing");
     let dlq = read_topic(&tg.dlq, 1, Duration::from_secs(20));
     assert_eq!(dlq[0].key.as_deref(), Some(b"plain".as_slice()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framed_keys_name_nodes_and_edges_through_apicurio_on_s3() {
+    crate::init_logs();
+    framed_keys_against(&apicurio(), Backend::S3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framed_keys_name_nodes_and_edges_through_the_test_registry() {
+    crate::init_logs();
+    let reg = TestRegistry::start().unwrap();
+    framed_keys_against(&reg.url(), Backend::Local).await;
+    assert!(reg.unimplemented().is_empty(), "{:?}", reg.unimplemented());
 }
