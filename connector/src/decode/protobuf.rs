@@ -197,16 +197,15 @@ impl ValueFormat for ProtobufFormat {
         let targets: Vec<FieldRef> = self.decoded.fields().iter().cloned().collect();
         let composite_from = self.values.fields.fields().len();
         for (i, (col, f)) in cells.into_iter().zip(&targets).enumerate() {
-            let built = if i >= composite_from {
-                composite_column(col, self.values.composite[i - composite_from].width)
+            // A malformed composite endpoint is `missing_endpoint`, as in
+            // every format (format.rs, `ValueSchema::composite`).
+            let (built, code) = if i >= composite_from {
+                let width = self.values.composite[i - composite_from].width;
+                (composite_column(col, width), RejectCode::MissingEndpoint)
             } else {
-                column(col, f.data_type())
+                (column(col, f.data_type()), RejectCode::WrongType)
             };
-            columns.push(
-                built.map_err(|m| {
-                    Fail::Record(RejectCode::WrongType, format!("{}: {m}", f.name()))
-                })?,
-            );
+            columns.push(built.map_err(|m| Fail::Record(code, format!("{}: {m}", f.name())))?);
         }
         RecordBatch::try_new(self.decoded.clone(), columns)
             .map_err(|e| Fail::System(Error::Other(format!("protobuf rows: {e}"))))

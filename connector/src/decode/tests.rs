@@ -1,8 +1,10 @@
 //! The decoder's unit tests, through `RecordDecoder::decode`; `types`: every
 //! `.pg` type; `hostile`: graphsink-testkit's hostile corpus; `avro`: the
-//! Avro format, on values encoded by hand; `keys`: `key_format`.
+//! Avro format, on values encoded by hand; `keys`: `key_format`;
+//! `composite`: composite endpoints in the registry formats.
 
 mod avro;
+mod composite;
 mod hostile;
 mod keys;
 mod protobuf;
