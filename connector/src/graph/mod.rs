@@ -1,0 +1,231 @@
+//! Storage of the graph root, one part per file:
+//! - here: the handle (`Graph`), its opens, and reads at a commit;
+//! - `init`: first-start creation, once however many processes start;
+//! - `compat`: what a start checks against the graph it opens;
+//! - `layout`: the shard layout and the schema record written at init;
+//! - `manifest`: the `__manifest` commit log (head, immutable commits,
+//!   table versions), the publish compare-and-swap, the dead-letter mark.
+//!
+//! Imports only layouts (`schema`) and plain types: it folds nothing, owns
+//! no writer and knows no policy.
+
+mod compat;
+mod init;
+mod layout;
+mod manifest;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use lance::Dataset;
+
+use crate::config::Config;
+use crate::error::{Context, Error, Result};
+use crate::known_ids::KnownIds;
+use crate::schema::{GraphSchema, MANIFEST_TABLE};
+use crate::store::Store;
+
+use layout::shard_layout;
+pub use layout::ShardLayout;
+pub(crate) use manifest::scan;
+pub use manifest::{new_commit_id, FoldedShard, GraphCommit, TableStats};
+
+/// An open graph root.
+#[derive(Clone)]
+pub struct Graph {
+    root: String,
+    store: Store,
+    pub(crate) schema: Arc<GraphSchema>,
+    /// Buckets N per MemWAL table path (graph types and `_ingest_rejects`),
+    /// as the graph was created with.
+    pub(crate) buckets: BTreeMap<String, u32>,
+    /// The mode, and the topics' partition counts under `partition`.
+    pub(crate) layout: Arc<ShardLayout>,
+    /// Node ids the fold keeps between folds (shared by clones).
+    pub(crate) known_ids: Arc<KnownIds>,
+}
+
+impl Graph {
+    /// Opens the graph, creating it on first start; refuses an incompatible
+    /// one. Under `wal.sharding = "partition"` a new graph needs its
+    /// topics' partition counts: see `open_or_init_with`.
+    pub async fn open_or_init(config: &Config, schema: GraphSchema) -> Result<Graph> {
+        Graph::open_or_init_with(config, schema, None).await
+    }
+
+    /// `open_or_init`, with the mapped topics' partition counts (topic →
+    /// count) as the broker reports them, which partition sharding fixes
+    /// at creation and checks at every start.
+    pub async fn open_or_init_with(
+        config: &Config,
+        schema: GraphSchema,
+        partitions: Option<&BTreeMap<String, u32>>,
+    ) -> Result<Graph> {
+        let layout = shard_layout(config, &schema, partitions)?;
+        // Debug of the options shows harmless values only (no credentials).
+        tracing::info!(root = %config.root_uri(), storage_options = ?config.graph.storage_options, sharding = layout.sharding.as_str(), "opening graph");
+        let mut graph = Graph {
+            root: config.root_uri(),
+            store: Store::new(&config.graph.storage_options),
+            schema: Arc::new(schema),
+            buckets: layout.counts.clone(),
+            layout: Arc::new(layout),
+            known_ids: Arc::new(KnownIds::new(config.fold.known_ids_max)),
+        };
+        match graph.open_manifest().await {
+            Ok(_) => graph.check_compatible().await?,
+            Err(e) if is_not_found(&e) => graph.init_once().await?,
+            Err(e) => return Err(e),
+        }
+        graph.adopt_record().await?;
+        Ok(graph)
+    }
+
+    /// How this graph's tables are sharded.
+    pub fn layout(&self) -> &ShardLayout {
+        &self.layout
+    }
+
+    /// Opens an existing graph for reading (log, show) without a schema file.
+    pub async fn open_readonly(root: String, store: Store) -> Result<Graph> {
+        let graph = Graph {
+            root,
+            store,
+            schema: Arc::new(GraphSchema {
+                types: vec![],
+                source: String::new(),
+            }),
+            buckets: BTreeMap::new(),
+            layout: Default::default(),
+            known_ids: Arc::new(KnownIds::new(0)),
+        };
+        let mut graph = graph;
+        graph.open_manifest().await.map_err(|e| {
+            if is_not_found(&e) {
+                Error::config(format!("no graph at {} (run graphsink first)", graph.root))
+            } else {
+                e
+            }
+        })?;
+        graph.adopt_record().await?;
+        Ok(graph)
+    }
+
+    /// Opens the existing graph a config names, for reading.
+    pub async fn open_configured(config: &Config) -> Result<Graph> {
+        Graph::open_readonly(config.root_uri(), Store::new(&config.graph.storage_options)).await
+    }
+
+    /// The schema the graph was opened with (empty for `open_readonly`).
+    pub fn schema(&self) -> &GraphSchema {
+        &self.schema
+    }
+
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// How the root's object store is reached.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Tables with MemWAL shards, in fold order: nodes, edges, rejects.
+    pub fn wal_tables(&self) -> Vec<String> {
+        self.schema.wal_tables()
+    }
+
+    pub fn table_uri(&self, table: &str) -> String {
+        format!("{}/{}", self.root, table)
+    }
+
+    pub async fn open_table(&self, table: &str, version: Option<u64>) -> Result<Dataset> {
+        let uri = self.table_uri(table);
+        let ds = self.store.open(&uri).await.ctx(format!("open {uri}"))?;
+        match version {
+            Some(v) if v != ds.version().version => ds
+                .checkout_version(v)
+                .await
+                .ctx(format!("open {uri} at version {v}")),
+            _ => Ok(ds),
+        }
+    }
+
+    async fn open_manifest(&self) -> Result<Dataset> {
+        self.open_table(MANIFEST_TABLE, None).await
+    }
+}
+
+fn is_not_found(e: &Error) -> bool {
+    matches!(e, Error::Lance { source, .. } if is_lance_not_found(source))
+}
+
+fn is_lance_not_found(e: &lance::Error) -> bool {
+    matches!(
+        e,
+        lance::Error::DatasetNotFound { .. } | lance::Error::NotFound { .. }
+    )
+}
+
+/// `table` at the version `commit` pins. A version that retention removed
+/// is `CommitExpired`, not Lance's not-found.
+pub async fn open_pinned(graph: &Graph, commit: &GraphCommit, table: &str) -> Result<Dataset> {
+    let version = *commit
+        .tables
+        .get(table)
+        .ok_or_else(|| Error::NotFound(format!("table {table} in graph commit {}", commit.id)))?;
+    graph
+        .open_table(table, Some(version))
+        .await
+        .map_err(|e| match e {
+            Error::Lance { source, .. } if is_version_gone(&source) => Error::CommitExpired {
+                commit: commit.id.clone(),
+                table: table.to_string(),
+                version,
+            },
+            e => e,
+        })
+}
+
+fn is_version_gone(e: &lance::Error) -> bool {
+    is_lance_not_found(e) || matches!(e, lance::Error::VersionNotFound { .. })
+}
+
+/// Row counts of every table at a commit (for `graphsink show`).
+pub async fn row_counts(graph: &Graph, commit: &GraphCommit) -> Result<HashMap<String, usize>> {
+    let mut out = HashMap::new();
+    for table in commit.tables.keys() {
+        let ds = open_pinned(graph, commit, table).await?;
+        out.insert(table.clone(), ds.count_rows(None).await.ctx(table)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[tokio::test]
+    async fn an_unknown_commit_id_is_not_found_not_bad_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml = r#"
+[graph]
+root = "g"
+schema = "x.pg"
+[kafka]
+"bootstrap.servers" = "127.0.0.1:1"
+"group.id" = "g"
+[[mapping]]
+topic = "t"
+node = "P"
+"#;
+        let cfg = Config::from_toml(toml, dir.path()).unwrap();
+        let schema = GraphSchema::parse("node P { name: String @key }", "x.pg").unwrap();
+        let g = Graph::open_or_init(&cfg, schema).await.unwrap();
+        let head = g.head().await.unwrap();
+        assert_eq!(g.commit(&head.id).await.unwrap(), head);
+        let e = g.commit("nope").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    }
+}
