@@ -18,6 +18,7 @@
 //! by field), so it is dropped and rebuilt from its schemas.
 
 use std::collections::{HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, FixedSizeBinaryArray, ListArray, RecordBatch, StringArray};
@@ -128,11 +129,17 @@ impl AvroFormat {
             let c = batch
                 .column_by_name(f.name())
                 .expect("the reader schema has every field");
-            cols.push(
-                to_property(c, f).map_err(|m| {
-                    Fail::Record(RejectCode::WrongType, format!("{}: {m}", f.name()))
-                })?,
-            );
+            let col = to_property(c, f)
+                .map_err(|m| Fail::Record(RejectCode::WrongType, format!("{}: {m}", f.name())))?;
+            // A nullable writer union may carry null into a required
+            // property: the record's reject, not a batch that cannot be built.
+            if !f.is_nullable() && col.null_count() > 0 {
+                return bad(
+                    RejectCode::MissingRequired,
+                    format!("required property {} is null", f.name()),
+                );
+            }
+            cols.push(col);
         }
         for e in &self.values.composite {
             let c = batch
@@ -270,9 +277,16 @@ fn decode_values(decoder: &mut Decoder, values: &[&[u8]], out: &mut Vec<RecordBa
                 flush(decoder, out)?;
             }
             let room = decoder.capacity();
+            // arrow-avro 58 panics on some hostile bytes (a block count of
+            // i64::MIN overflows its negation): the record's reject, and
+            // the decoder, which may hold half a record, is rebuilt.
+            let decoded =
+                catch_unwind(AssertUnwindSafe(|| decoder.decode(&value[at..]))).map_err(|_| {
+                    malformed("the payload does not decode (the Avro reader panicked)".into())
+                })?;
             // A record decoded before the error (in this call or an
             // earlier one) means the error is in bytes after it.
-            let n = match decoder.decode(&value[at..]) {
+            let n = match decoded {
                 Ok(n) => n,
                 Err(e) if rows + room - decoder.capacity() >= 1 => {
                     return Err(malformed(format!("trailing bytes after the record ({e})")))
@@ -300,7 +314,13 @@ fn decode_values(decoder: &mut Decoder, values: &[&[u8]], out: &mut Vec<RecordBa
 }
 
 fn flush(decoder: &mut Decoder, out: &mut Vec<RecordBatch>) -> Step<()> {
-    match decoder.flush() {
+    let flushed = catch_unwind(AssertUnwindSafe(|| decoder.flush())).map_err(|_| {
+        Fail::Record(
+            RejectCode::MalformedAvro,
+            "the payload does not decode (the Avro reader panicked)".into(),
+        )
+    })?;
+    match flushed {
         Ok(Some(b)) => {
             out.push(b);
             Ok(())

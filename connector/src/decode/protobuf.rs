@@ -202,11 +202,18 @@ impl ValueFormat for ProtobufFormat {
             } else {
                 column(col, f.data_type())
             };
-            columns.push(
-                built.map_err(|m| {
-                    Fail::Record(RejectCode::WrongType, format!("{}: {m}", f.name()))
-                })?,
-            );
+            let built = built
+                .map_err(|m| Fail::Record(RejectCode::WrongType, format!("{}: {m}", f.name())))?;
+            // A field with presence (`optional`, proto2) may be absent for
+            // a required property: the record's reject, not a batch that
+            // cannot be built.
+            if !f.is_nullable() && built.null_count() > 0 {
+                return bad(
+                    RejectCode::MissingRequired,
+                    format!("required property {} is absent", f.name()),
+                );
+            }
+            columns.push(built);
         }
         RecordBatch::try_new(self.decoded.clone(), columns)
             .map_err(|e| Fail::System(Error::Other(format!("protobuf rows: {e}"))))
