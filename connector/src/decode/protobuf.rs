@@ -555,15 +555,15 @@ fn column(vals: Vec<Option<Value>>, t: &DataType) -> std::result::Result<ArrayRe
     };
     match t {
         DataType::Utf8 => Ok(Arc::new(StringArray::from(each(&vals, text, "a string")?))),
-        DataType::Binary => {
+        // `.pg`'s Blob is LargeBinary.
+        DataType::Binary | DataType::LargeBinary => {
             let bytes = |v: &Value| match v {
                 Value::Bytes(b) => Some(b.to_vec()),
                 Value::String(s) => Some(s.clone().into_bytes()),
                 _ => None,
             };
-            Ok(Arc::new(BinaryArray::from_iter(each(
-                &vals, bytes, "bytes",
-            )?)))
+            let b: ArrayRef = Arc::new(BinaryArray::from_iter(each(&vals, bytes, "bytes")?));
+            arrow::compute::cast(&b, t).map_err(|e| e.to_string())
         }
         DataType::Boolean => Ok(Arc::new(BooleanArray::from(each(
             &vals,
