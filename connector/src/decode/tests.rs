@@ -5,6 +5,7 @@
 mod avro;
 mod hostile;
 mod protobuf;
+mod type_table;
 mod types;
 
 use std::sync::Arc;
