@@ -411,6 +411,9 @@ pub(super) fn reader_for(
         .map_err(|e| mismatch(format!("the writer schema is not JSON: {e}")))?;
     let mut names = Named::default();
     names.collect(&w, None);
+    if let Some(m) = endless_array(&w, &names, 0) {
+        return Err(mismatch(m));
+    }
     let record = names.resolve(&w);
     if record.get("type").and_then(Value::as_str) != Some("record") {
         return Err(mismatch("the writer schema is not a record".into()));
@@ -584,6 +587,75 @@ fn reader_type(
             ))
         }
     })
+}
+
+/// Nesting past this is not followed (a recursive writer, which
+/// arrow-avro refuses anyway).
+const MAX_DEPTH: usize = 64;
+
+/// An array in the writer whose items take no bytes (`null`, a `fixed` of
+/// size 0, a record of such fields). arrow-avro 58 reads, or skips, a
+/// block item by item, so one such record with a block count of 2^62
+/// holds the decoder in a loop for ever: the writer is refused by id.
+fn endless_array(t: &Value, names: &Named, depth: usize) -> Option<String> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    let inner = |t: &Value| endless_array(t, names, depth + 1);
+    match t {
+        Value::Array(branches) => branches.iter().find_map(inner),
+        Value::Object(o) => match o.get("type") {
+            Some(Value::String(k)) if k == "array" => {
+                let items = o.get("items")?;
+                if zero_size(items, names, depth + 1) {
+                    return Some(format!(
+                        "the writer has an array of {items}, whose items take no bytes: a block count alone could hold the decoder"
+                    ));
+                }
+                inner(items)
+            }
+            Some(Value::String(k)) if k == "map" => inner(o.get("values")?),
+            Some(Value::String(k)) if k == "record" => o
+                .get("fields")
+                .and_then(Value::as_array)?
+                .iter()
+                .find_map(|f| inner(f.get("type")?)),
+            Some(other) if !other.is_string() => inner(other),
+            _ => None,
+        },
+        // A named record's fields were walked where it was defined.
+        _ => None,
+    }
+}
+
+/// Whether a value of type `t` can take no bytes.
+fn zero_size(t: &Value, names: &Named, depth: usize) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    match names.resolve(t) {
+        Value::String(s) => s == "null",
+        Value::Object(o) => match o.get("type") {
+            Some(Value::String(k)) if k == "fixed" => {
+                o.get("size").and_then(Value::as_u64) == Some(0)
+            }
+            Some(Value::String(k)) if k == "record" => {
+                o.get("fields").and_then(Value::as_array).is_none_or(|fs| {
+                    fs.iter().all(|f| {
+                        f.get("type")
+                            .is_some_and(|ft| zero_size(ft, names, depth + 1))
+                    })
+                })
+            }
+            // Arrays end with a 0 byte, maps too, an enum or a union
+            // writes an index.
+            Some(Value::String(k)) if matches!(k.as_str(), "array" | "map" | "enum") => false,
+            // {"type": "null"}, {"type": "SomeRecord"}, {"type": {...}}.
+            Some(other) => zero_size(other, names, depth + 1),
+            None => false,
+        },
+        _ => false,
+    }
 }
 
 /// `["null", T]` (either order) → (T, true); anything else → (it, false).
