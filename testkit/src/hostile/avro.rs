@@ -22,6 +22,10 @@ const DEEP: u32 = 7;
 const REQ_NULLABLE: u32 = 8;
 /// GOOD plus arrays nested [`NEST`] deep, a field the type does not declare.
 const NESTED: u32 = 9;
+/// GOOD plus an array of items that take no bytes (`null`).
+const NULLS: u32 = 10;
+/// GOOD plus an array of empty records.
+const EMPTIES: u32 = 11;
 /// How deep NESTED's arrays go: deep, yet within the 128 levels
 /// serde_json reads a writer schema's JSON to.
 const NEST: usize = 60;
@@ -99,6 +103,20 @@ fn schemas() -> Vec<(u32, Option<Registered>)> {
         ),
         (REQ_NULLABLE, avro(writer("[\"null\",\"string\"]", ""))),
         (NESTED, avro(writer("\"string\"", &nested_field()))),
+        (
+            NULLS,
+            avro(writer(
+                "\"string\"",
+                r#",{"name":"z","type":{"type":"array","items":"null"}}"#,
+            )),
+        ),
+        (
+            EMPTIES,
+            avro(writer(
+                "\"string\"",
+                r#",{"name":"z","type":["null",{"type":"array","items":{"type":"record","name":"E","fields":[]}}]}"#,
+            )),
+        ),
         (MISSING, None),
     ]
 }
@@ -612,6 +630,11 @@ fn deep(c: &mut Corpus) {
         },
         rej(),
     );
+    // Arrays of items that take no bytes: a block count of 2^62 alone
+    // would be 2^62 items, which arrow-avro reads one by one.
+    let huge = cat(&[&long(1 << 62), &[0]]);
+    c.field_as(NULLS, "z", "2^62 nulls", huge.clone(), mismatch());
+    c.field_as(EMPTIES, "z", "2^62 empty records", some(&huge), mismatch());
 }
 
 #[cfg(test)]
