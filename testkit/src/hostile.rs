@@ -5,6 +5,12 @@
 //! tool. Every record has its own id, so accepted ones never collapse into
 //! one row by last-write-wins.
 
+mod avro;
+mod protobuf;
+
+pub use avro::avro_corpus;
+pub use protobuf::protobuf_corpus;
+
 /// Every scalar type, a list of each kind, a vector, an enum, `@range`
 /// (integer and float), `@check`, a composite `@key` and an edge.
 pub const SCHEMA: &str = r#"
@@ -89,6 +95,69 @@ pub struct Hostile {
     pub headers: Vec<(String, Vec<u8>)>,
     pub expect: Expect,
 }
+
+/// A registry format's hostile corpus: what the registry holds by schema
+/// id, the `[[mapping]]` body (without `topic`) for [`SCHEMA`]'s `Thing`,
+/// and the records, every one of [`Feed::Things`].
+#[derive(Debug, Clone)]
+pub struct FormatCorpus {
+    pub mapping: &'static str,
+    /// `None`: the registry answers 404 for the id.
+    pub schemas: Vec<(u32, Option<Registered>)>,
+    pub records: Vec<Hostile>,
+}
+
+/// A schema as the registry holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    pub kind: SchemaKind,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaKind {
+    Avro,
+    Protobuf,
+}
+
+/// Appends `u` as a base-128 varint (Protobuf's, and Avro's after zigzag).
+fn varint(out: &mut Vec<u8>, mut u: u64) {
+    loop {
+        let b = (u & 0x7f) as u8;
+        u >>= 7;
+        if u == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// Appends `v` zigzag-encoded (Avro's int and long, Protobuf's sint64).
+fn zigzag(out: &mut Vec<u8>, v: i64) {
+    varint(out, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+/// The Confluent wire format's prefix: magic byte 0, the big-endian id.
+fn framed(id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0];
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A varint of ten 0xff bytes and a 0x01: eleven bytes, past what any
+/// 64-bit varint may take.
+const VARINT_11: &[u8] = &[
+    0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+];
+/// A ten-byte varint whose last byte carries bits past 64.
+const VARINT_OVER_64: &[u8] = &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f];
+/// 0xffffffff0f: 2^32 − 1 as a varint (a length of 4 GiB; zigzag −2^31).
+const VARINT_4G: &[u8] = &[0xff, 0xff, 0xff, 0xff, 0x0f];
+/// u64::MAX as a ten-byte varint: zigzag i64::MIN, a count whose
+/// negation overflows.
+const VARINT_U64_MAX: &[u8] = &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
 
 const WRONG: &[&str] = &["wrong_type"];
 const OVER: &[&str] = &["overflow"];
@@ -693,6 +762,32 @@ fn accepted_on_purpose(c: &mut Corpus) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_format_corpora_are_distinct_and_name_only_their_schemas() {
+        for (name, c) in [("avro", avro_corpus()), ("protobuf", protobuf_corpus())] {
+            let bad = c
+                .records
+                .iter()
+                .filter(|h| h.expect != Expect::Accept)
+                .count();
+            assert!(bad >= 190, "{name}: {bad} bad records");
+            let mut seen = std::collections::HashSet::new();
+            for h in &c.records {
+                assert!(seen.insert(h.value.clone()), "{name}: duplicate {}", h.name);
+                // Every framed id is one the corpus says the registry
+                // answers for (a decoder must learn it before decoding).
+                if let Some([0, a, b, c2, d, ..]) = h.value.as_deref() {
+                    let id = u32::from_be_bytes([*a, *b, *c2, *d]);
+                    assert!(
+                        c.schemas.iter().any(|(i, _)| *i == id),
+                        "{name}: {} names id {id}",
+                        h.name
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_corpus_has_300_distinct_bad_records() {

@@ -18,6 +18,7 @@
 //! by field), so it is dropped and rebuilt from its schemas.
 
 use std::collections::{HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, FixedSizeBinaryArray, ListArray, RecordBatch, StringArray};
@@ -128,11 +129,17 @@ impl AvroFormat {
             let c = batch
                 .column_by_name(f.name())
                 .expect("the reader schema has every field");
-            cols.push(
-                to_property(c, f).map_err(|m| {
-                    Fail::Record(RejectCode::WrongType, format!("{}: {m}", f.name()))
-                })?,
-            );
+            let col = to_property(c, f)
+                .map_err(|m| Fail::Record(RejectCode::WrongType, format!("{}: {m}", f.name())))?;
+            // A nullable writer union may carry null into a required
+            // property: the record's reject, not a batch that cannot be built.
+            if !f.is_nullable() && col.null_count() > 0 {
+                return bad(
+                    RejectCode::MissingRequired,
+                    format!("required property {} is null", f.name()),
+                );
+            }
+            cols.push(col);
         }
         for e in &self.values.composite {
             let c = batch
@@ -270,9 +277,16 @@ fn decode_values(decoder: &mut Decoder, values: &[&[u8]], out: &mut Vec<RecordBa
                 flush(decoder, out)?;
             }
             let room = decoder.capacity();
+            // arrow-avro 58 panics on some hostile bytes (a block count of
+            // i64::MIN overflows its negation): the record's reject, and
+            // the decoder, which may hold half a record, is rebuilt.
+            let decoded =
+                catch_unwind(AssertUnwindSafe(|| decoder.decode(&value[at..]))).map_err(|_| {
+                    malformed("the payload does not decode (the Avro reader panicked)".into())
+                })?;
             // A record decoded before the error (in this call or an
             // earlier one) means the error is in bytes after it.
-            let n = match decoder.decode(&value[at..]) {
+            let n = match decoded {
                 Ok(n) => n,
                 Err(e) if rows + room - decoder.capacity() >= 1 => {
                     return Err(malformed(format!("trailing bytes after the record ({e})")))
@@ -300,7 +314,13 @@ fn decode_values(decoder: &mut Decoder, values: &[&[u8]], out: &mut Vec<RecordBa
 }
 
 fn flush(decoder: &mut Decoder, out: &mut Vec<RecordBatch>) -> Step<()> {
-    match decoder.flush() {
+    let flushed = catch_unwind(AssertUnwindSafe(|| decoder.flush())).map_err(|_| {
+        Fail::Record(
+            RejectCode::MalformedAvro,
+            "the payload does not decode (the Avro reader panicked)".into(),
+        )
+    })?;
+    match flushed {
         Ok(Some(b)) => {
             out.push(b);
             Ok(())
@@ -391,6 +411,9 @@ pub(super) fn reader_for(
         .map_err(|e| mismatch(format!("the writer schema is not JSON: {e}")))?;
     let mut names = Named::default();
     names.collect(&w, None);
+    if let Some(m) = endless_array(&w, &names, 0) {
+        return Err(mismatch(m));
+    }
     let record = names.resolve(&w);
     if record.get("type").and_then(Value::as_str) != Some("record") {
         return Err(mismatch("the writer schema is not a record".into()));
@@ -578,6 +601,75 @@ pub(super) fn key_record(writer: &str, field: &str) -> Option<String> {
     let record = json!({"type": "record", "name": "graphsink_key",
         "fields": [{"name": field, "type": w}]});
     Some(record.to_string())
+}
+
+/// Nesting past this is not followed (a recursive writer, which
+/// arrow-avro refuses anyway).
+const MAX_DEPTH: usize = 64;
+
+/// An array in the writer whose items take no bytes (`null`, a `fixed` of
+/// size 0, a record of such fields). arrow-avro 58 reads, or skips, a
+/// block item by item, so one such record with a block count of 2^62
+/// holds the decoder in a loop for ever: the writer is refused by id.
+fn endless_array(t: &Value, names: &Named, depth: usize) -> Option<String> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    let inner = |t: &Value| endless_array(t, names, depth + 1);
+    match t {
+        Value::Array(branches) => branches.iter().find_map(inner),
+        Value::Object(o) => match o.get("type") {
+            Some(Value::String(k)) if k == "array" => {
+                let items = o.get("items")?;
+                if zero_size(items, names, depth + 1) {
+                    return Some(format!(
+                        "the writer has an array of {items}, whose items take no bytes: a block count alone could hold the decoder"
+                    ));
+                }
+                inner(items)
+            }
+            Some(Value::String(k)) if k == "map" => inner(o.get("values")?),
+            Some(Value::String(k)) if k == "record" => o
+                .get("fields")
+                .and_then(Value::as_array)?
+                .iter()
+                .find_map(|f| inner(f.get("type")?)),
+            Some(other) if !other.is_string() => inner(other),
+            _ => None,
+        },
+        // A named record's fields were walked where it was defined.
+        _ => None,
+    }
+}
+
+/// Whether a value of type `t` can take no bytes.
+fn zero_size(t: &Value, names: &Named, depth: usize) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    match names.resolve(t) {
+        Value::String(s) => s == "null",
+        Value::Object(o) => match o.get("type") {
+            Some(Value::String(k)) if k == "fixed" => {
+                o.get("size").and_then(Value::as_u64) == Some(0)
+            }
+            Some(Value::String(k)) if k == "record" => {
+                o.get("fields").and_then(Value::as_array).is_none_or(|fs| {
+                    fs.iter().all(|f| {
+                        f.get("type")
+                            .is_some_and(|ft| zero_size(ft, names, depth + 1))
+                    })
+                })
+            }
+            // Arrays end with a 0 byte, maps too, an enum or a union
+            // writes an index.
+            Some(Value::String(k)) if matches!(k.as_str(), "array" | "map" | "enum") => false,
+            // {"type": "null"}, {"type": "SomeRecord"}, {"type": {...}}.
+            Some(other) => zero_size(other, names, depth + 1),
+            None => false,
+        },
+        _ => false,
+    }
 }
 
 /// `["null", T]` (either order) → (T, true); anything else → (it, false).

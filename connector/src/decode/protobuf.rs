@@ -205,7 +205,17 @@ impl ValueFormat for ProtobufFormat {
             } else {
                 (column(col, f.data_type()), RejectCode::WrongType)
             };
-            columns.push(built.map_err(|m| Fail::Record(code, format!("{}: {m}", f.name())))?);
+            let built = built.map_err(|m| Fail::Record(code, format!("{}: {m}", f.name())))?;
+            // A field with presence (`optional`, proto2) may be absent for
+            // a required property: the record's reject, not a batch that
+            // cannot be built.
+            if !f.is_nullable() && built.null_count() > 0 {
+                return bad(
+                    RejectCode::MissingRequired,
+                    format!("required property {} is absent", f.name()),
+                );
+            }
+            columns.push(built);
         }
         RecordBatch::try_new(self.decoded.clone(), columns)
             .map_err(|e| Fail::System(Error::Other(format!("protobuf rows: {e}"))))
@@ -547,15 +557,15 @@ fn column(vals: Vec<Option<Value>>, t: &DataType) -> std::result::Result<ArrayRe
     };
     match t {
         DataType::Utf8 => Ok(Arc::new(StringArray::from(each(&vals, text, "a string")?))),
-        DataType::Binary => {
+        // `.pg`'s Blob is LargeBinary.
+        DataType::Binary | DataType::LargeBinary => {
             let bytes = |v: &Value| match v {
                 Value::Bytes(b) => Some(b.to_vec()),
                 Value::String(s) => Some(s.clone().into_bytes()),
                 _ => None,
             };
-            Ok(Arc::new(BinaryArray::from_iter(each(
-                &vals, bytes, "bytes",
-            )?)))
+            let b: ArrayRef = Arc::new(BinaryArray::from_iter(each(&vals, bytes, "bytes")?));
+            arrow::compute::cast(&b, t).map_err(|e| e.to_string())
         }
         DataType::Boolean => Ok(Arc::new(BooleanArray::from(each(
             &vals,

@@ -8,6 +8,7 @@ mod composite;
 mod hostile;
 mod keys;
 mod protobuf;
+mod type_table;
 mod types;
 
 use std::sync::Arc;

@@ -206,5 +206,30 @@ mod tests {
         // Count 2 with one byte left; count 2, the second index cut short.
         refused(&[4, 2], "does not fit");
         refused(&[4, 2, 0x80], "middle of a varint");
+        // The count's limits hold for each index too.
+        refused(
+            &[4, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+            "longer than 5 bytes",
+        );
+        refused(&[4, 0, 0xff, 0xff, 0xff, 0xff, 0x7f], "overflows 32 bits");
+        // 0xffffffff0f: 2^32 - 1, zigzag -2^31, as a count and as an index.
+        refused(&[0xff, 0xff, 0xff, 0xff, 0x0f, 0], "does not fit");
+        refused(&[2, 0xff, 0xff, 0xff, 0xff, 0x0f], "negative message index");
+    }
+
+    #[test]
+    fn every_short_prefix_of_message_indexes_is_refused() {
+        // [2, 0, 300]: count 3, then three indexes, the last two bytes.
+        let enc = encode_message_indexes(&[2, 0, 300]);
+        for n in 0..enc.len() {
+            assert!(message_indexes(&enc[..n]).is_err(), "{:?}", &enc[..n]);
+        }
+        assert!(message_indexes(&enc).is_ok());
+        // A count exactly as long as the bytes left is a whole path.
+        assert_eq!(message_indexes(&[4, 0, 2]).unwrap(), (vec![0, 1], &[][..]));
+        // The largest index a 32-bit zigzag varint holds.
+        let mut max = vec![2];
+        put_zigzag(&mut max, i64::from(i32::MAX));
+        assert_eq!(message_indexes(&max).unwrap().0, [i32::MAX as usize]);
     }
 }
