@@ -31,6 +31,10 @@ pub enum Error {
     Schema { path: String, message: String },
     #[error("incompatible graph at {root}: {message} (graphsink never migrates silently)")]
     Incompatible { root: String, message: String },
+    /// Schema changes a start refuses, one plan line each (`graph::evolve`);
+    /// the CLI prints each on a line of its own before the error.
+    #[error("incompatible graph at {root}: the schema changed in ways graphsink does not apply to an existing graph: {}; keep the graph's schema, or rebuild into a new root (docs/schema-evolution.md)", changes.join("; "))]
+    SchemaChanges { root: String, changes: Vec<String> },
     #[error("cannot decode record {topic}/{partition}@{offset}: {reason}")]
     Decode {
         topic: String,
@@ -140,9 +144,10 @@ impl Error {
 
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Config(_) | Error::Schema { .. } | Error::Incompatible { .. } => {
-                ErrorKind::BadConfig
-            }
+            Error::Config(_)
+            | Error::Schema { .. }
+            | Error::Incompatible { .. }
+            | Error::SchemaChanges { .. } => ErrorKind::BadConfig,
             Error::Decode { .. } | Error::Intolerable { .. } => ErrorKind::BadInput,
             Error::DeadLetter { .. } | Error::Unassigned { .. } => ErrorKind::Retry,
             Error::Fenced { .. } | Error::ProducerFenced { .. } => ErrorKind::Fenced,

@@ -280,14 +280,53 @@ async fn refusals_are_one_readable_line() {
     )
     .unwrap();
     bad(tg.cli(&["fold"], &[]), "buckets");
-    // ... and a changed column layout.
+    // ... and schema changes graphsink does not apply, each by name on a
+    // line of its own before the error line (`check` says the same).
     std::fs::write(tg.config_path(), &cfg).unwrap();
     std::fs::write(
         tg.dir.path().join("graph.pg"),
-        SCHEMA.replace("age: I32?", "age: I64?"),
+        SCHEMA
+            .replace("age: I32?", "age: I64?")
+            .replace("city: String?", "city: String?  phone: String?")
+            .replace("founded: I32?", ""),
     )
     .unwrap();
-    bad(tg.cli(&["fold"], &[]), "age");
+    for cmd in ["fold", "check"] {
+        let out = tg.cli(&[cmd], &[]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
+        let lines: Vec<&str> = err.trim_end().lines().map(str::trim).collect();
+        assert!(lines.last().unwrap().starts_with("graphsink: error:"), "{err}");
+        for want in [
+            "destructive Person: property age retyped from Int32 to Int64: widening",
+            "additive    Person: new optional property phone: Utf8",
+            "destructive Company: property founded dropped",
+        ] {
+            assert!(
+                lines.iter().any(|l| l.starts_with(want)),
+                "{cmd}: {want:?} not a line of {err}"
+            );
+        }
+    }
+    // A constraint applies from now on, and `check` prints the plan.
+    std::fs::write(
+        tg.dir.path().join("graph.pg"),
+        SCHEMA.replace("city: String? }", "city: String?  @range(age, 0..200) }"),
+    )
+    .unwrap();
+    let out = tg.cli(&["check"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        plan.lines().any(|l| l
+            == "tightening  Person: @range(age, 0..200) added: applies to records from now on"),
+        "{plan}"
+    );
+    local_graph(&tg).await;
 }
 
 /// Until rejects land, an undecodable record stops the connector with an

@@ -164,6 +164,11 @@ pub fn main() -> ExitCode {
     match rt.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let crate::Error::SchemaChanges { changes, .. } = &e {
+                for c in changes {
+                    eprintln!("  {c}");
+                }
+            }
             let text = e.to_string();
             eprintln!(
                 "graphsink: error: {}",

@@ -36,6 +36,10 @@ pub(super) fn check(c: &CheckSummary) {
         c.types,
         crate::redact::text(&c.root)
     );
+    // The schema plan against the existing graph, one line per change.
+    for change in &c.plan.changes {
+        println!("{change}");
+    }
 }
 
 pub(super) fn folded(c: Option<&GraphCommit>) {

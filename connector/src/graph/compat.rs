@@ -1,24 +1,77 @@
-//! What a start checks against the graph it opens: the tables, their
-//! columns and MemWAL, and the shard layout it was created with.
+//! What a start checks against the graph it opens: the schema plan
+//! (`evolve`: what changed since the graph's recorded schema), the tables,
+//! their columns and MemWAL, and the shard layout it was created with.
 
 use arrow_schema::Schema;
 use lance::dataset::mem_wal::DatasetMemWalExt;
 
 use crate::config::Sharding;
 use crate::error::{Context, Error, Result};
-use crate::schema::{same_columns, TableLayout};
+use crate::schema::{same_columns, GraphSchema, TableLayout};
 
+use super::evolve::{self, Change, Class};
 use super::Graph;
 
+/// The plan of schema changes, as a start or `check` reads it.
+#[derive(Debug, Clone, Default)]
+pub struct SchemaPlan {
+    /// Every change since the graph's recorded schema, in plan order.
+    pub changes: Vec<Change>,
+}
+
+impl SchemaPlan {
+    /// Changes a start refuses, each one line: destructive ones, and those
+    /// that alter a table, which graphsink does not apply to an existing
+    /// graph yet (docs/schema-evolution.md). Constraint changes apply.
+    pub fn refused(&self) -> Vec<&Change> {
+        self.changes
+            .iter()
+            .filter(|c| c.class == Class::Destructive || c.alters_table)
+            .collect()
+    }
+}
+
 impl Graph {
+    /// What changed between the schema the graph recorded at creation and
+    /// `schema`. Empty for a graph with no record, or a record this
+    /// version cannot parse (the table checks then decide alone).
+    pub async fn schema_plan(&self, schema: &GraphSchema) -> Result<SchemaPlan> {
+        let Some(record) = self.record().await? else {
+            return Ok(SchemaPlan::default());
+        };
+        if record.source == schema.source {
+            return Ok(SchemaPlan::default());
+        }
+        let old = match GraphSchema::parse(&record.source, "the graph's recorded schema") {
+            Ok(old) => old,
+            Err(e) => {
+                tracing::warn!(root = %self.root, "cannot parse the graph's recorded schema ({e}); checking tables only");
+                return Ok(SchemaPlan::default());
+            }
+        };
+        Ok(SchemaPlan {
+            changes: evolve::diff(&old, schema),
+        })
+    }
+
     /// Refuses a graph whose tables, columns or bucket counts differ from
-    /// what the schema and config now ask for.
+    /// what the schema and config now ask for: each refused schema change
+    /// by name, one line each. Constraint changes (loosening, tightening)
+    /// apply to records from now on, and are said once at start.
     pub(super) async fn check_compatible(&self) -> Result<()> {
         let head = self.head().await?;
         let incompatible = |message: String| Error::Incompatible {
             root: self.root.clone(),
             message,
         };
+        let plan = self.schema_plan(&self.schema).await?;
+        let refused = plan.refused();
+        if !refused.is_empty() {
+            return Err(refusal(&self.root, &refused));
+        }
+        for c in &plan.changes {
+            tracing::info!(event = "schema_constraint_changed", class = c.class.as_str(), type_name = %c.type_name, "{}", c.what);
+        }
         let all = self.schema.tables();
         let want: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
         let have: Vec<&str> = head.tables.keys().map(String::as_str).collect();
@@ -103,5 +156,13 @@ impl Graph {
             }
         }
         Ok(())
+    }
+}
+
+/// The refusal of a plan: each refused change by name.
+pub fn refusal(root: &str, refused: &[&Change]) -> Error {
+    Error::SchemaChanges {
+        root: root.to_string(),
+        changes: refused.iter().map(|c| c.to_string()).collect(),
     }
 }

@@ -2,6 +2,7 @@
 //! - here: the handle (`Graph`), its opens, and reads at a commit;
 //! - `init`: first-start creation, once however many processes start;
 //! - `compat`: what a start checks against the graph it opens;
+//! - `evolve`: the schema plan, what changed and how it is classed (pure);
 //! - `layout`: the shard layout and the schema record written at init;
 //! - `manifest`: the `__manifest` commit log (head, immutable commits,
 //!   table versions), the publish compare-and-swap, the dead-letter mark.
@@ -10,6 +11,7 @@
 //! no writer and knows no policy.
 
 mod compat;
+pub mod evolve;
 mod init;
 mod layout;
 mod manifest;
@@ -25,6 +27,7 @@ use crate::known_ids::KnownIds;
 use crate::schema::{GraphSchema, MANIFEST_TABLE};
 use crate::store::Store;
 
+pub use compat::{refusal, SchemaPlan};
 use layout::shard_layout;
 pub use layout::ShardLayout;
 pub(crate) use manifest::scan;

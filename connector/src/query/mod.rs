@@ -20,6 +20,9 @@ pub struct CheckSummary {
     pub mappings: usize,
     pub types: usize,
     pub root: String,
+    /// Against an existing graph: what changed since its recorded schema
+    /// (all allowed, or `check` fails naming the refused ones).
+    pub plan: graph::SchemaPlan,
 }
 
 /// Validates the config and the schema: every mapping must build its
@@ -30,10 +33,21 @@ pub async fn check(config: &Config) -> Result<CheckSummary> {
         crate::decode::RecordDecoder::new(&schema, m, 1, config.errors.max_record_bytes)?;
     }
     check_subjects(config, &schema).await?;
+    let plan = match Graph::open_configured(config).await {
+        Ok(g) => g.schema_plan(&schema).await?,
+        // No graph yet: the first run creates it from this schema.
+        Err(Error::Config(_)) => graph::SchemaPlan::default(),
+        Err(e) => return Err(e),
+    };
+    let refused = plan.refused();
+    if !refused.is_empty() {
+        return Err(graph::refusal(&config.root_uri(), &refused));
+    }
     Ok(CheckSummary {
         mappings: config.mappings.len(),
         types: schema.types.len(),
         root: config.root_uri(),
+        plan,
     })
 }
 
