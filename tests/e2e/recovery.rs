@@ -296,7 +296,10 @@ async fn refusals_are_one_readable_line() {
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
         let lines: Vec<&str> = err.trim_end().lines().map(str::trim).collect();
-        assert!(lines.last().unwrap().starts_with("graphsink: error:"), "{err}");
+        assert!(
+            lines.last().unwrap().starts_with("graphsink: error:"),
+            "{err}"
+        );
         for want in [
             "destructive Person: property age retyped from Int32 to Int64: widening",
             "additive    Person: new optional property phone: Utf8",

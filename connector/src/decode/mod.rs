@@ -103,9 +103,10 @@ pub struct Decoded {
     pub rejects: Vec<Reject>,
 }
 
-/// Which part of a record a schema id frames (registry formats).
+/// Which subject a schema id belongs to: the key's or the value's
+/// (TopicNameStrategy: `<topic>-key`, `<topic>-value`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Part {
+pub enum Subject {
     Key,
     Value,
 }
@@ -258,23 +259,27 @@ impl RecordDecoder {
     }
 
     /// The first schema id a record's key or value is framed with that
-    /// must be fetched (`learn_part`) before `decode`, key first.
-    pub fn unlearned_part(&self, key: Option<&[u8]>, value: Option<&[u8]>) -> Option<(Part, u32)> {
+    /// must be fetched (`learn_subject`) before `decode`, key first.
+    pub fn unlearned_subject(
+        &self,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> Option<(Subject, u32)> {
         key.and_then(|k| self.keys.unlearned(k))
-            .map(|id| (Part::Key, id))
+            .map(|id| (Subject::Key, id))
             .or_else(|| {
                 value
                     .and_then(|v| self.format.unlearned(v))
-                    .map(|id| (Part::Value, id))
+                    .map(|id| (Subject::Value, id))
             })
     }
 
     /// Whether the registry should be asked for Protobuf's serialized
     /// descriptor (`format=serialized`) rather than the text.
-    pub fn wants_descriptor(&self, part: Part) -> bool {
-        match part {
-            Part::Key => self.keys.wants_descriptor(),
-            Part::Value => matches!(self.format, Format::Protobuf(_)),
+    pub fn wants_descriptor(&self, subject: Subject) -> bool {
+        match subject {
+            Subject::Key => self.keys.wants_descriptor(),
+            Subject::Value => matches!(self.format, Format::Protobuf(_)),
         }
     }
 
@@ -291,10 +296,10 @@ impl RecordDecoder {
 
     /// Registry formats: what the registry holds for schema `id` of a key
     /// or a value.
-    pub fn learn_part(&mut self, part: Part, id: u32, schema: Learned) {
-        match part {
-            Part::Key => self.keys.learn(id, schema),
-            Part::Value => self.format.learn(id, schema),
+    pub fn learn_subject(&mut self, subject: Subject, id: u32, schema: Learned) {
+        match subject {
+            Subject::Key => self.keys.learn(id, schema),
+            Subject::Value => self.format.learn(id, schema),
         }
     }
 

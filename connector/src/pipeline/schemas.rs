@@ -20,7 +20,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use tokio::sync::mpsc;
 
-use crate::decode::{Learned, Part, RecordDecoder};
+use crate::decode::{Learned, RecordDecoder, Subject};
 use crate::error::Result;
 use crate::kafka::consumer::{self, GroupConsumer};
 use crate::metrics::Metrics;
@@ -37,7 +37,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 pub(super) enum SchemaEvent {
     Learned {
         topic: String,
-        part: Part,
+        subject: Subject,
         id: u32,
         schema: Learned,
     },
@@ -49,14 +49,14 @@ pub(super) enum SchemaEvent {
 /// or values).
 struct Held {
     offset: i64,
-    ids: BTreeSet<(Part, u32)>,
+    ids: BTreeSet<(Subject, u32)>,
 }
 
 pub(super) struct SchemaHolds {
     registry: Option<Registry>,
     held: BTreeMap<TopicPartition, Held>,
-    /// (topic, part, id) being fetched.
-    fetching: HashSet<(String, Part, u32)>,
+    /// (topic, subject, id) being fetched.
+    fetching: HashSet<(String, Subject, u32)>,
     tx: mpsc::UnboundedSender<SchemaEvent>,
     pub(super) events: mpsc::UnboundedReceiver<SchemaEvent>,
     /// Ids whose last ask failed, and why.
@@ -101,8 +101,8 @@ impl SchemaHolds {
             }
             let wanted = decoders
                 .get(m.topic())
-                .and_then(|d| d.unlearned_part(m.key(), m.payload()));
-            let Some((part, id)) = wanted else {
+                .and_then(|d| d.unlearned_subject(m.key(), m.payload()));
+            let Some((subject, id)) = wanted else {
                 keep.push(m);
                 continue;
             };
@@ -110,17 +110,17 @@ impl SchemaHolds {
                 tp.clone(),
                 Held {
                     offset: m.offset(),
-                    ids: BTreeSet::from([(part, id)]),
+                    ids: BTreeSet::from([(subject, id)]),
                 },
             );
             newly.push(tp);
-            if self.fetching.insert((m.topic().to_string(), part, id)) {
+            if self.fetching.insert((m.topic().to_string(), subject, id)) {
                 // Protobuf asks for the serialized descriptor first.
-                let serialized = decoders[m.topic()].wants_descriptor(part);
+                let serialized = decoders[m.topic()].wants_descriptor(subject);
                 tokio::spawn(fetch(
                     registry.clone(),
                     m.topic().to_string(),
-                    part,
+                    subject,
                     id,
                     serialized,
                     self.tx.clone(),
@@ -151,11 +151,11 @@ impl SchemaHolds {
             }
             SchemaEvent::Learned {
                 topic,
-                part,
+                subject,
                 id,
                 schema,
             } => {
-                self.fetching.remove(&(topic.clone(), part, id));
+                self.fetching.remove(&(topic.clone(), subject, id));
                 if self.failing.remove(&id).is_some() && self.failing.is_empty() {
                     tracing::info!(
                         event = "schema_registry_recovered",
@@ -163,14 +163,14 @@ impl SchemaHolds {
                     );
                 }
                 if let Some(d) = decoders.get_mut(&topic) {
-                    d.learn_part(part, id, schema);
+                    d.learn_subject(subject, id, schema);
                 }
                 let done: Vec<TopicPartition> = self
                     .held
                     .iter_mut()
                     .filter(|(tp, _)| tp.0 == topic)
                     .filter_map(|(tp, h)| {
-                        h.ids.remove(&(part, id));
+                        h.ids.remove(&(subject, id));
                         h.ids.is_empty().then(|| tp.clone())
                     })
                     .collect();
@@ -223,7 +223,7 @@ impl SchemaHolds {
 async fn fetch(
     registry: Registry,
     topic: String,
-    part: Part,
+    subject: Subject,
     id: u32,
     serialized: bool,
     tx: mpsc::UnboundedSender<SchemaEvent>,
@@ -248,7 +248,7 @@ async fn fetch(
         };
         let _ = tx.send(SchemaEvent::Learned {
             topic,
-            part,
+            subject,
             id,
             schema,
         });

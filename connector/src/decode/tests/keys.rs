@@ -9,7 +9,7 @@ use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value};
 
 use super::ids;
-use crate::decode::{Decoded, Part, RecordDecoder, SourceRecord};
+use crate::decode::{Decoded, RecordDecoder, SourceRecord, Subject};
 use crate::registry::{wire, Schema, SchemaType};
 use crate::schema::GraphSchema;
 
@@ -94,20 +94,20 @@ fn avro_keys_bare_or_records_name_the_node_and_bad_ones_are_one_typed_reject() {
     ];
     // Keys first: a record is decoded only once both of its ids are known.
     assert_eq!(
-        d.unlearned_part(Some(&bare), Some(value)),
-        Some((Part::Key, 10))
+        d.unlearned_subject(Some(&bare), Some(value)),
+        Some((Subject::Key, 10))
     );
-    d.learn_part(Part::Key, 10, learned(SchemaType::Avro, r#""string""#));
-    d.learn_part(
-        Part::Key,
+    d.learn_subject(Subject::Key, 10, learned(SchemaType::Avro, r#""string""#));
+    d.learn_subject(
+        Subject::Key,
         11,
         learned(
             SchemaType::Avro,
             r#"{"type":"record","name":"K","fields":[{"name":"id","type":"string"},{"name":"x","type":"int"}]}"#,
         ),
     );
-    d.learn_part(Part::Key, 12, Err("40403".into()));
-    assert_eq!(d.unlearned_part(Some(&bare), Some(value)), None);
+    d.learn_subject(Subject::Key, 12, Err("40403".into()));
+    assert_eq!(d.unlearned_subject(Some(&bare), Some(value)), None);
     let out = d.decode(&records).unwrap();
     assert_eq!(
         codes(&out),
@@ -127,16 +127,16 @@ fn avro_keys_bare_or_records_name_the_node_and_bad_ones_are_one_typed_reject() {
 #[test]
 fn an_avro_key_that_cannot_resolve_to_the_key_is_schema_mismatch() {
     let mut d = decoder("node = 'Person'\nkey = 'kafka'\nkey_format = 'avro'");
-    d.learn_part(
-        Part::Key,
+    d.learn_subject(
+        Subject::Key,
         1,
         learned(
             SchemaType::Avro,
             r#"{"type":"record","name":"K","fields":[{"name":"other","type":"string"}]}"#,
         ),
     );
-    d.learn_part(
-        Part::Key,
+    d.learn_subject(
+        Subject::Key,
         2,
         learned(SchemaType::Protobuf, "syntax = \"proto3\";"),
     );
@@ -160,8 +160,8 @@ fn an_avro_key_that_cannot_resolve_to_the_key_is_schema_mismatch() {
 #[test]
 fn a_composite_avro_key_names_the_row_a_json_array_key_names() {
     let mut d = decoder("node = 'Pair'\nkey = 'kafka'\nkey_format = 'avro'");
-    d.learn_part(
-        Part::Key,
+    d.learn_subject(
+        Subject::Key,
         1,
         learned(
             SchemaType::Avro,
@@ -185,7 +185,7 @@ fn a_composite_avro_key_names_the_row_a_json_array_key_names() {
 #[test]
 fn an_edge_id_from_a_framed_key() {
     let mut d = decoder("edge = 'Knows'\nkey = 'kafka'\nkey_format = 'avro'");
-    d.learn_part(Part::Key, 1, learned(SchemaType::Avro, r#""string""#));
+    d.learn_subject(Subject::Key, 1, learned(SchemaType::Avro, r#""string""#));
     let k = wire::framed(1, &avro_string("e1"));
     let v = br#"{"src":"a","dst":"b"}"#.as_slice();
     let out = d.decode(&[rec(0, Some(&k), Some(v))]).unwrap();
@@ -201,7 +201,7 @@ fn protobuf_keys_take_the_key_fields_by_name() {
     const PROTO: &str =
         "syntax = \"proto3\";\npackage k;\nmessage Key { string t = 1; int64 n = 2; }\n";
     let mut d = decoder("node = 'Pair'\nkey = 'kafka'\nkey_format = 'protobuf'");
-    d.learn_part(Part::Key, 4, learned(SchemaType::Protobuf, PROTO));
+    d.learn_subject(Subject::Key, 4, learned(SchemaType::Protobuf, PROTO));
     let pool = crate::decode::protobuf::compile_for_tests(PROTO);
     let mut m = DynamicMessage::new(pool.get_message_by_name("k.Key").unwrap());
     m.set_field_by_name("t", Value::String("x".into()));
@@ -222,8 +222,8 @@ fn protobuf_keys_take_the_key_fields_by_name() {
 #[test]
 fn json_schema_keys_are_a_scalar_an_array_or_an_object_after_the_prefix() {
     let mut d = decoder("node = 'Pair'\nkey = 'kafka'\nkey_format = 'json_schema'");
-    d.learn_part(
-        Part::Key,
+    d.learn_subject(
+        Subject::Key,
         5,
         learned(SchemaType::Json, r#"{"type":"object"}"#),
     );
@@ -244,7 +244,7 @@ fn json_schema_keys_are_a_scalar_an_array_or_an_object_after_the_prefix() {
         [r#"["x","7"]"#, r#"["y","8"]"#]
     );
     let mut one = decoder("node = 'Person'\nkey = 'kafka'\nkey_format = 'json_schema'");
-    one.learn_part(Part::Key, 5, learned(SchemaType::Json, "{}"));
+    one.learn_subject(Subject::Key, 5, learned(SchemaType::Json, "{}"));
     let k = wire::framed(5, br#""ann""#);
     let out = one
         .decode(&[rec(0, Some(&k), Some(br#"{"name":"A"}"#))])
