@@ -412,11 +412,25 @@ async fn json_schema_lands_against(registry: &str, backend: Backend) {
     let tg = TestGraph::on(
         backend,
         PG,
-        &["node = \"Person\"\nformat = \"json_schema\""],
+        &[
+            "node = \"Person\"\nformat = \"json_schema\"",
+            "edge = \"Knows\"\nformat = \"json_schema\"",
+        ],
         &registry_toml(&registry),
     );
-    let topic = &tg.topics[0];
+    let (topic, knows) = (&tg.topics[0], &tg.topics[1]);
     create_topic(topic, 1).await;
+    create_topic(knows, 1).await;
+    let edge_schema = r#"{"$schema":"http://json-schema.org/draft-07/schema#","title":"Knows","type":"object",
+        "properties":{"src":{"type":"string"},"dst":{"type":"string"},"since":{"type":"integer"}}}"#;
+    let edges = encode_as(
+        "json_schema",
+        &registry,
+        knows,
+        edge_schema,
+        &[json!({"src": "ann", "dst": "bob", "since": 2021})],
+    );
+    produce_raw(knows, &[raw(0, "e", Some(edges[0].0.clone()))]).await;
     let schema = r#"{"$schema":"http://json-schema.org/draft-07/schema#","title":"Person","type":"object",
         "properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name"]}"#;
     let ok = encode_as(
@@ -459,6 +473,18 @@ async fn json_schema_lands_against(registry: &str, backend: Backend) {
         .collect();
     codes.sort();
     assert_eq!(codes, ["bad_framing", "schema_mismatch"]);
+    let e = pylance_rows(&tg, "edges/Knows").await;
+    let e: Vec<(&str, &str, Option<i64>)> = e
+        .values()
+        .map(|r| {
+            (
+                r["src"].as_str().unwrap(),
+                r["dst"].as_str().unwrap(),
+                r["since"].as_i64(),
+            )
+        })
+        .collect();
+    assert_eq!(e, [("ann", "bob", edges[0].1["since"].as_i64())]);
     // The subject's latest schema is a JSON Schema, which `check` (and so
     // `graphsink run`) takes.
     let out = tg.cli(&["check"], &[]);
@@ -531,11 +557,26 @@ async fn protobuf_lands_against(registry: &str, backend: Backend) {
     let tg = TestGraph::on(
         backend,
         PG,
-        &["node = \"Person\"\nformat = \"protobuf\"\nkey = \"kafka\""],
+        &[
+            "node = \"Person\"\nformat = \"protobuf\"\nkey = \"kafka\"",
+            "edge = \"Knows\"\nformat = \"protobuf\"",
+        ],
         &registry_toml(registry),
     );
-    let topic = &tg.topics[0];
+    let (topic, knows) = (&tg.topics[0], &tg.topics[1]);
     create_topic(topic, 1).await;
+    create_topic(knows, 1).await;
+    let edge_spec = json!({"package": "gs.edges", "messages": [{"name": "Knows", "fields": [
+        {"name": "src", "type": "string", "number": 1},
+        {"name": "dst", "type": "string", "number": 2},
+        {"name": "since", "type": "int32", "number": 3, "optional": true}]}]});
+    let edges = encode_job(
+        registry,
+        knows,
+        json!({"format": "protobuf", "schema": edge_spec, "message": "Knows", "records": [
+            {"src": "ann", "dst": "cy", "since": 2020}]}),
+    );
+    produce_raw(knows, &[raw(0, "e", Some(edges[0].0.clone()))]).await;
     let spec = json!({"package": "gs.test", "messages": [{"name": "Person", "fields": [
         {"name": "name", "type": "string", "number": 1},
         {"name": "age", "type": "int64", "number": 2, "optional": true},
@@ -591,6 +632,18 @@ async fn protobuf_lands_against(registry: &str, backend: Backend) {
         .collect();
     codes.sort();
     assert_eq!(codes, ["bad_framing", "malformed_protobuf"]);
+    let e = pylance_rows(&tg, "edges/Knows").await;
+    let e: Vec<(&str, &str, Option<i64>)> = e
+        .values()
+        .map(|r| {
+            (
+                r["src"].as_str().unwrap(),
+                r["dst"].as_str().unwrap(),
+                r["since"].as_i64(),
+            )
+        })
+        .collect();
+    assert_eq!(e, [("ann", "cy", edges[0].1["since"].as_i64())]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
