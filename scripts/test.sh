@@ -19,16 +19,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib.sh
 
 ensure_build_deps
-trap 'stop_broker; stop_s3; stop_prometheus; stop_apicurio' EXIT
-use_broker
-use_s3
-# A real Prometheus scrapes graphsink in tests/e2e/ops.rs.
-ensure_prometheus
-start_prometheus
-# The registry formats' tests: a real registry, and Confluent's serializers.
-use_registry
-ensure_sr_client
-log "tests use broker GRAPHSINK_TEST_BROKER=${GRAPHSINK_TEST_BROKER:-(a container)}, S3 GRAPHSINK_TEST_S3=$GRAPHSINK_TEST_S3, Prometheus GRAPHSINK_TEST_PROMETHEUS=$GRAPHSINK_TEST_PROMETHEUS, Schema Registry GRAPHSINK_TEST_REGISTRY=$GRAPHSINK_TEST_REGISTRY"
 
 # Split our args at `--` so the default --test-threads=2 stays on the test
 # binary's side (after a second `--` libtest would take it for a test filter).
@@ -41,6 +31,34 @@ case " ${test_args[*]} " in
     *" --test-threads"*) ;;                 # the caller chose a thread count
     *) test_args=(--test-threads=2 "${test_args[@]}") ;;
 esac
+
+# Lint gates, first and before any server starts: formatting, and clippy
+# with every warning an error (the workspace's lints are in Cargo.toml).
+# For the whole suite (no cargo arguments, as CI runs it) or GRAPHSINK_LINT=1.
+if [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_LINT:-}" = 1 ]; then
+    for tool in fmt clippy; do
+        cargo "$tool" --version >/dev/null 2>&1 \
+            || die "cargo $tool is missing: rustup component add $([ $tool = fmt ] && echo rustfmt || echo clippy)"
+    done
+    log "lint: cargo fmt --all --check"
+    cargo fmt --all --check || die "cargo fmt --all --check: run \`cargo fmt --all\`"
+    log "lint: cargo clippy --workspace --all-targets --locked -- -D warnings"
+    lint_started=$SECONDS
+    cargo clippy --workspace --all-targets --locked -- -D warnings \
+        || die "clippy found warnings (above)"
+    log "lint passed in $((SECONDS - lint_started)) s (clippy)"
+fi
+
+trap 'stop_broker; stop_s3; stop_prometheus; stop_apicurio' EXIT
+use_broker
+use_s3
+# A real Prometheus scrapes graphsink in tests/e2e/ops.rs.
+ensure_prometheus
+start_prometheus
+# The registry formats' tests: a real registry, and Confluent's serializers.
+use_registry
+ensure_sr_client
+log "tests use broker GRAPHSINK_TEST_BROKER=${GRAPHSINK_TEST_BROKER:-(a container)}, S3 GRAPHSINK_TEST_S3=$GRAPHSINK_TEST_S3, Prometheus GRAPHSINK_TEST_PROMETHEUS=$GRAPHSINK_TEST_PROMETHEUS, Schema Registry GRAPHSINK_TEST_REGISTRY=$GRAPHSINK_TEST_REGISTRY"
 
 status=0
 cargo test --workspace --locked "${cargo_args[@]}" -- "${test_args[@]}" || status=$?

@@ -17,11 +17,11 @@ use serde_json::Value;
 
 use crate::workload::{Topics, EXPECT};
 
-pub type Res<T> = Result<T, String>;
+pub(crate) type Res<T> = Result<T, String>;
 
 /// One message as Kafka holds it.
 #[derive(Debug, Clone)]
-pub struct Msg {
+pub(crate) struct Msg {
     pub topic: String,
     pub partition: i32,
     pub offset: i64,
@@ -59,7 +59,7 @@ fn client(bootstrap: &str) -> ClientConfig {
 
 /// A topic read from the beginning, kept open so each check reads only
 /// what was produced since the last one.
-pub struct Tail {
+pub(crate) struct Tail {
     consumer: BaseConsumer,
     topic: String,
     partitions: i32,
@@ -68,7 +68,7 @@ pub struct Tail {
 }
 
 impl Tail {
-    pub fn new(bootstrap: &str, topic: &str, partitions: i32) -> Res<Tail> {
+    pub(crate) fn new(bootstrap: &str, topic: &str, partitions: i32) -> Res<Tail> {
         // read_committed, as a dead-letter consumer reads: fold rejects go
         // out in transactions, and one seen twice fails the check.
         let consumer: BaseConsumer = client(bootstrap)
@@ -94,7 +94,7 @@ impl Tail {
     /// Reads up to the end offsets as they are now, and at least to
     /// `at_least` (tansu 0.6 can report a high watermark below the true end,
     /// and a graph row from past it must still be judged).
-    pub fn catch_up(&mut self, at_least: &BTreeMap<i32, i64>) -> Res<()> {
+    pub(crate) fn catch_up(&mut self, at_least: &BTreeMap<i32, i64>) -> Res<()> {
         let topic = &self.topic;
         let mut ends = BTreeMap::new();
         for p in 0..self.partitions {
@@ -186,13 +186,13 @@ impl Tail {
     }
 
     /// The end offsets read so far, per partition.
-    pub fn ends(&self) -> &BTreeMap<i32, i64> {
+    pub(crate) fn ends(&self) -> &BTreeMap<i32, i64> {
         &self.next
     }
 }
 
 /// The group's committed offsets (next offset to read) of a topic.
-pub fn committed(
+pub(crate) fn committed(
     bootstrap: &str,
     group: &str,
     topic: &str,
@@ -223,13 +223,17 @@ pub fn committed(
 /// over `topics`, sampled every 250 ms on a thread of its own until
 /// dropped: what the group made durable over time, and how far behind it
 /// fell, to see what a rebalance held up.
-pub struct CommitSampler {
+pub(crate) struct CommitSampler {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     samples: std::sync::Arc<std::sync::Mutex<Vec<(std::time::SystemTime, i64, i64)>>>,
 }
 
 impl CommitSampler {
-    pub fn start(bootstrap: &str, group: &str, topics: Vec<(String, i32)>) -> Res<CommitSampler> {
+    pub(crate) fn start(
+        bootstrap: &str,
+        group: &str,
+        topics: Vec<(String, i32)>,
+    ) -> Res<CommitSampler> {
         let consumer: BaseConsumer = client(bootstrap)
             .set("group.id", group)
             .create()
@@ -279,7 +283,7 @@ impl CommitSampler {
     /// Over `window` from `at`: records committed per second, the longest
     /// stretch in which the group committed nothing, and the most records
     /// produced but not yet committed.
-    pub fn around(&self, at: std::time::SystemTime, window: Duration) -> (f64, f64, i64) {
+    pub(crate) fn around(&self, at: std::time::SystemTime, window: Duration) -> (f64, f64, i64) {
         let samples = self.samples.lock().unwrap();
         let end = at + window;
         let inside: Vec<_> = samples
@@ -319,7 +323,7 @@ impl Drop for CommitSampler {
 }
 
 /// The graph at its head commit, read with plain Lance.
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub seq: u64,
     pub items: BTreeMap<String, Value>,
     pub links: BTreeMap<String, Value>,
@@ -378,7 +382,7 @@ fn payload(row: &Value) -> Res<Value> {
 /// Reads the head graph commit and every table at the version it pins.
 /// Also checks the commit log: every commit's pinned versions open, and
 /// the commits form one chain of consecutive sequence numbers.
-pub async fn snapshot(root: &str) -> Res<Snapshot> {
+pub(crate) async fn snapshot(root: &str) -> Res<Snapshot> {
     let manifest = open(root, "__manifest", None).await?;
     let head = rows(&manifest, Some("object_id = 'graph_head:main'")).await?;
     let head = payload(head.first().ok_or("no graph_head:main in __manifest")?)?;
@@ -445,7 +449,7 @@ pub async fn snapshot(root: &str) -> Res<Snapshot> {
 impl Snapshot {
     /// Per topic and partition, one past the newest source offset any row
     /// of the graph names.
-    pub fn offsets_seen(&self) -> BTreeMap<String, BTreeMap<i32, i64>> {
+    pub(crate) fn offsets_seen(&self) -> BTreeMap<String, BTreeMap<i32, i64>> {
         let mut out: BTreeMap<String, BTreeMap<i32, i64>> = BTreeMap::new();
         let tables = [&self.items, &self.links, &self.pending_links, &self.dangles];
         let rows = tables.into_iter().flat_map(|t| t.values());
@@ -478,7 +482,7 @@ impl Snapshot {
 }
 
 /// What the stream says must hold.
-pub struct Expected {
+pub(crate) struct Expected {
     /// Node id → its accepted records (values and tombstones), Kafka order.
     pub items: BTreeMap<String, Vec<Msg>>,
     pub links: BTreeMap<String, Vec<Msg>>,
@@ -494,7 +498,7 @@ type Coords = (String, i32, i64);
 
 /// Groups the stream: per key the accepted records in Kafka order, and
 /// the records that must be rejected.
-pub fn expected(msgs: &[Msg], topics: &Topics) -> Expected {
+pub(crate) fn expected(msgs: &[Msg], topics: &Topics) -> Expected {
     let mut e = Expected {
         items: BTreeMap::new(),
         links: BTreeMap::new(),
@@ -535,7 +539,7 @@ pub fn expected(msgs: &[Msg], topics: &Topics) -> Expected {
 
 /// Tallies of one check, for the report.
 #[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct Tally {
+pub(crate) struct Tally {
     /// Sequence number of the head graph commit.
     pub head_seq: u64,
     pub nodes: usize,
@@ -559,7 +563,7 @@ fn row_is(row: &Value, m: &Msg, fields: &[&str]) -> bool {
 /// holds exactly its last accepted record, no edge lacks an endpoint,
 /// nothing stays deferred, every bad record is one reject in the table and
 /// at least once on the dead-letter topic, and nothing else is.
-pub fn check_final(
+pub(crate) fn check_final(
     snap: &Snapshot,
     exp: &Expected,
     dead_letters: &[Msg],
@@ -610,7 +614,7 @@ pub fn check_final(
 /// every record below the committed offsets is in the graph (it, or a
 /// later record of its key), and every bad record below them is a reject
 /// in the table and on the dead-letter topic.
-pub fn check_committed(
+pub(crate) fn check_committed(
     snap: &Snapshot,
     exp: &Expected,
     committed: &BTreeMap<String, BTreeMap<i32, i64>>,

@@ -17,7 +17,7 @@ use rdkafka::config::ClientConfig;
 
 use crate::check::Res;
 
-pub struct Broker {
+pub(crate) struct Broker {
     pub bootstrap: String,
     inner: TestBroker,
     _s3: Option<S3Server>,
@@ -26,7 +26,7 @@ pub struct Broker {
 impl Broker {
     /// A broker whose restart may lose its data: Apache Kafka (which
     /// keeps it anyway), or a memory-storage tansu.
-    pub fn memory(backend: &BrokerBackend, log: PathBuf) -> Res<Broker> {
+    pub(crate) fn memory(backend: &BrokerBackend, log: PathBuf) -> Res<Broker> {
         let inner = TestBroker::start(backend, Some(&log))?;
         Ok(Broker {
             bootstrap: inner.bootstrap.clone(),
@@ -38,7 +38,11 @@ impl Broker {
     /// A broker whose restart keeps its topics, offsets and groups: Apache
     /// Kafka keeps its log directory; tansu needs its storage in a bucket
     /// of a private moto S3 server.
-    pub fn persistent(backend: &BrokerBackend, moto: Option<PathBuf>, log: PathBuf) -> Res<Broker> {
+    pub(crate) fn persistent(
+        backend: &BrokerBackend,
+        moto: Option<PathBuf>,
+        log: PathBuf,
+    ) -> Res<Broker> {
         if *backend == BrokerBackend::Kafka {
             return Broker::memory(backend, log);
         }
@@ -74,30 +78,30 @@ impl Broker {
     }
 
     /// Whether this is the opt-in tansu backend.
-    pub fn is_tansu(&self) -> bool {
+    pub(crate) fn is_tansu(&self) -> bool {
         matches!(self.inner.backend, BrokerBackend::Tansu(_))
     }
 
     /// Whether a restart keeps the topics.
-    pub fn restartable(&self) -> bool {
+    pub(crate) fn restartable(&self) -> bool {
         self.inner.restartable()
     }
 
     /// SIGSTOP: the broker keeps its sockets open and answers nothing.
-    pub fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         self.inner.freeze();
     }
 
-    pub fn thaw(&self) {
+    pub(crate) fn thaw(&self) {
         self.inner.thaw();
     }
 
     /// kill -9, then a start on the same port and storage.
-    pub fn restart(&mut self, down_for: Duration) -> Res<()> {
+    pub(crate) fn restart(&mut self, down_for: Duration) -> Res<()> {
         self.inner.restart(down_for)
     }
 
-    pub async fn create_topic(&self, topic: &str, partitions: i32) -> Res<()> {
+    pub(crate) async fn create_topic(&self, topic: &str, partitions: i32) -> Res<()> {
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)
             .create()
@@ -116,7 +120,7 @@ impl Broker {
 
 /// How a `graphsink` process ended.
 #[derive(Debug, Clone)]
-pub struct Exit {
+pub(crate) struct Exit {
     pub code: Option<i32>,
     pub signal: Option<i32>,
     /// The failpoint that fired, read from its stderr line.
@@ -125,7 +129,7 @@ pub struct Exit {
 
 /// One `graphsink` process with its output appended to a log file.
 /// Dropping it kills a process still running (an early error of a phase).
-pub struct Process {
+pub(crate) struct Process {
     child: Child,
     log: PathBuf,
     log_len_at_start: u64,
@@ -141,7 +145,12 @@ impl Drop for Process {
 }
 
 impl Process {
-    pub fn spawn(bin: &Path, args: &[&str], env: &[(&str, String)], log: &Path) -> Res<Process> {
+    pub(crate) fn spawn(
+        bin: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+        log: &Path,
+    ) -> Res<Process> {
         let f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -165,17 +174,17 @@ impl Process {
         })
     }
 
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.child.id() as i32
     }
 
-    pub fn signal(&self, sig: i32) {
+    pub(crate) fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own (not yet reaped) child.
         unsafe { libc::kill(self.pid(), sig) };
     }
 
     /// Waits up to `limit` for the process to end on its own.
-    pub async fn wait_for(&mut self, limit: Duration) -> Option<Exit> {
+    pub(crate) async fn wait_for(&mut self, limit: Duration) -> Option<Exit> {
         let deadline = Instant::now() + limit;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -194,7 +203,7 @@ impl Process {
     }
 
     /// kill -9 and reap.
-    pub async fn kill(&mut self) -> Exit {
+    pub(crate) async fn kill(&mut self) -> Exit {
         let _ = self.child.kill();
         match self.wait_for(Duration::from_secs(30)).await {
             Some(e) => e,
@@ -207,7 +216,7 @@ impl Process {
     }
 
     /// SIGTERM, then kill -9 past `grace`.
-    pub async fn stop(&mut self, grace: Duration) -> Exit {
+    pub(crate) async fn stop(&mut self, grace: Duration) -> Exit {
         self.signal(libc::SIGTERM);
         match self.wait_for(grace).await {
             Some(e) => e,
@@ -228,7 +237,7 @@ impl Process {
     }
 
     /// The lines this process wrote, for a failure report.
-    pub fn tail(&self, n: usize) -> String {
+    pub(crate) fn tail(&self, n: usize) -> String {
         let text = std::fs::read(&self.log).unwrap_or_default();
         let start = (self.log_len_at_start as usize).min(text.len());
         let text = strip_ansi(&String::from_utf8_lossy(&text[start..]));
@@ -238,7 +247,7 @@ impl Process {
 }
 
 /// Drops the colour codes of graphsink's log lines (`ESC [ ... m`).
-pub fn strip_ansi(s: &str) -> String {
+pub(crate) fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {

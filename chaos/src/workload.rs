@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-pub const SCHEMA: &str = "\
+pub(crate) const SCHEMA: &str = "\
 // graphsink-chaos: nodes, edges whose endpoints may come later, and
 // edges that can never resolve.
 node Item {
@@ -31,19 +31,19 @@ edge Dangle: Item -> Item
 
 /// The topics of one phase and their partition counts.
 #[derive(Debug, Clone)]
-pub struct Topics {
+pub(crate) struct Topics {
     pub items: String,
     pub links: String,
     pub dangles: String,
     pub dead_letters: String,
 }
 
-pub const ITEM_PARTITIONS: i32 = 4;
-pub const LINK_PARTITIONS: i32 = 2;
-pub const DANGLE_PARTITIONS: i32 = 1;
+pub(crate) const ITEM_PARTITIONS: i32 = 4;
+pub(crate) const LINK_PARTITIONS: i32 = 2;
+pub(crate) const DANGLE_PARTITIONS: i32 = 1;
 
 impl Topics {
-    pub fn new(prefix: &str) -> Topics {
+    pub(crate) fn new(prefix: &str) -> Topics {
         Topics {
             items: format!("{prefix}-items"),
             links: format!("{prefix}-links"),
@@ -53,7 +53,7 @@ impl Topics {
     }
 
     /// The mapped topics with their partition counts.
-    pub fn mapped(&self) -> [(&str, i32); 3] {
+    pub(crate) fn mapped(&self) -> [(&str, i32); 3] {
         [
             (&self.items, ITEM_PARTITIONS),
             (&self.links, LINK_PARTITIONS),
@@ -64,13 +64,13 @@ impl Topics {
 
 /// Header naming what must become of a record: `ok`, `reject:<code>` (a
 /// sync reject) or `fold:<code>` (a fold reject).
-pub const EXPECT: &str = "chaos.expect";
+pub(crate) const EXPECT: &str = "chaos.expect";
 
 /// One record to produce. The partition is chosen here (a hash of the
 /// key), so a key always lands on one partition whatever the client's
 /// partitioner.
 #[derive(Debug, Clone)]
-pub struct Out {
+pub(crate) struct Out {
     pub topic: String,
     pub partition: i32,
     pub key: Option<Vec<u8>>,
@@ -82,7 +82,7 @@ const STABLE: u64 = 300;
 const VOLATILE: u64 = 200;
 const EDGES: u64 = 400;
 
-pub struct Generator {
+pub(crate) struct Generator {
     rng: StdRng,
     seq: u64,
     topics: Topics,
@@ -90,7 +90,7 @@ pub struct Generator {
 }
 
 impl Generator {
-    pub fn new(seed: u64, topics: Topics, bad_percent: u32) -> Generator {
+    pub(crate) fn new(seed: u64, topics: Topics, bad_percent: u32) -> Generator {
         Generator {
             rng: StdRng::seed_from_u64(seed),
             seq: 0,
@@ -100,7 +100,7 @@ impl Generator {
     }
 
     /// The next record of the stream.
-    pub fn next(&mut self) -> Out {
+    pub(crate) fn next(&mut self) -> Out {
         self.seq += 1;
         if self.rng.random_range(0..100) < self.bad_percent {
             return self.bad();
@@ -144,7 +144,7 @@ impl Generator {
 
     /// One fresh value for every stable node: produced last, so every edge
     /// endpoint exists by the end and no edge stays deferred.
-    pub fn closing(&mut self) -> Vec<Out> {
+    pub(crate) fn closing(&mut self) -> Vec<Out> {
         (0..STABLE)
             .map(|i| {
                 self.seq += 1;
@@ -240,7 +240,7 @@ impl Generator {
 }
 
 /// FNV-1a of the key, mod the partition count.
-pub fn partition_of(key: &str, partitions: i32) -> i32 {
+pub(crate) fn partition_of(key: &str, partitions: i32) -> i32 {
     let mut h: u64 = 0xcbf29ce484222325;
     for b in key.bytes() {
         h ^= b as u64;

@@ -1110,7 +1110,7 @@ impl Config {
     }
 }
 
-pub fn resolve_uri(root: &str, base_dir: &Path) -> String {
+pub(crate) fn resolve_uri(root: &str, base_dir: &Path) -> String {
     if root.contains("://") {
         return root.trim_end_matches('/').to_string();
     }

@@ -280,7 +280,7 @@ fn without_locations(text: &str) -> String {
 }
 
 /// Adds context to Lance and Arrow results without a closure at every call.
-pub trait Context<T> {
+pub(crate) trait Context<T> {
     fn ctx(self, context: impl std::fmt::Display) -> Result<T>;
 }
 

@@ -14,55 +14,55 @@ use std::sync::{Mutex, OnceLock};
 use crate::error::{Error, Result};
 
 /// After every table commit of a fold, before its graph commit is published.
-pub const FOLD_BEFORE_PUBLISH: &str = "fold.before_publish";
+pub(crate) const FOLD_BEFORE_PUBLISH: &str = "fold.before_publish";
 /// After a table's first commit of a fold (its delete pass under
 /// merge-insert, its one write by address), before the rest of the fold.
-pub const FOLD_BETWEEN_PASSES: &str = "fold.between_passes";
+pub(crate) const FOLD_BETWEEN_PASSES: &str = "fold.between_passes";
 /// After a fold's publish, before its rejects are produced to the dead-letter topic.
-pub const FOLD_BEFORE_DEAD_LETTERS: &str = "fold.before_dead_letters";
+pub(crate) const FOLD_BEFORE_DEAD_LETTERS: &str = "fold.before_dead_letters";
 
 /// Durable records acknowledged (watermarks advanced), before the offset commit.
-pub const COMMIT_BEFORE: &str = "commit.before";
+pub(crate) const COMMIT_BEFORE: &str = "commit.before";
 /// Offsets committed, before the run loop goes on.
-pub const COMMIT_AFTER: &str = "commit.after";
+pub(crate) const COMMIT_AFTER: &str = "commit.after";
 /// A poll's sync rejects are queued to the rejects WAL, before the dead-letter produce.
-pub const REJECTS_BEFORE_DEAD_LETTERS: &str = "rejects.before_dead_letters";
+pub(crate) const REJECTS_BEFORE_DEAD_LETTERS: &str = "rejects.before_dead_letters";
 /// A poll's sync rejects were acknowledged by the dead-letter topic, before
 /// the poll's ack.
-pub const REJECTS_AFTER_DEAD_LETTERS: &str = "rejects.after_dead_letters";
+pub(crate) const REJECTS_AFTER_DEAD_LETTERS: &str = "rejects.after_dead_letters";
 /// In the revoke callback, before the revoked partitions' offsets are committed.
-pub const REVOKE_BEFORE_COMMIT: &str = "revoke.before_commit";
+pub(crate) const REVOKE_BEFORE_COMMIT: &str = "revoke.before_commit";
 /// In the revoke callback, after the commit, before the run loop hears of it.
-pub const REVOKE_AFTER_COMMIT: &str = "revoke.after_commit";
+pub(crate) const REVOKE_AFTER_COMMIT: &str = "revoke.after_commit";
 /// Shutdown: in-flight durability awaited, before the final sync commit.
-pub const DRAIN_BEFORE_COMMIT: &str = "drain.before_commit";
+pub(crate) const DRAIN_BEFORE_COMMIT: &str = "drain.before_commit";
 /// Shutdown: committed, before the final fold.
-pub const DRAIN_BEFORE_FOLD: &str = "drain.before_fold";
+pub(crate) const DRAIN_BEFORE_FOLD: &str = "drain.before_fold";
 /// Shutdown: the final fold done, before the writers are closed.
-pub const DRAIN_BEFORE_CLOSE: &str = "drain.before_close";
+pub(crate) const DRAIN_BEFORE_CLOSE: &str = "drain.before_close";
 /// After a fold's rejects were produced, before the delivery mark is written.
-pub const FOLD_BEFORE_DELIVERED_MARK: &str = "fold.before_delivered_mark";
+pub(crate) const FOLD_BEFORE_DELIVERED_MARK: &str = "fold.before_delivered_mark";
 /// Fold rejects read back from the dead-letter topic, before the rest are
 /// produced (in a transaction, or plainly without transactions).
-pub const FOLD_DEAD_LETTERS_BEFORE_PRODUCE: &str = "fold.dead_letters_before_produce";
+pub(crate) const FOLD_DEAD_LETTERS_BEFORE_PRODUCE: &str = "fold.dead_letters_before_produce";
 /// Fold rejects produced inside their transaction, before it is committed
 /// (`error` here fails the commit: the round is redone after a re-init).
-pub const FOLD_DEAD_LETTERS_BEFORE_COMMIT: &str = "fold.dead_letters_before_commit";
+pub(crate) const FOLD_DEAD_LETTERS_BEFORE_COMMIT: &str = "fold.dead_letters_before_commit";
 
 /// Retention, after its first WAL entry delete (a step cut short).
-pub const GC_WAL_PARTIAL: &str = "gc.wal_partial";
+pub(crate) const GC_WAL_PARTIAL: &str = "gc.wal_partial";
 /// Retention, after the WAL step.
-pub const GC_AFTER_WAL: &str = "gc.after_wal";
+pub(crate) const GC_AFTER_WAL: &str = "gc.after_wal";
 /// Retention, after shard manifests are trimmed, before any generation is deleted.
-pub const GC_AFTER_TRIM: &str = "gc.after_trim";
+pub(crate) const GC_AFTER_TRIM: &str = "gc.after_trim";
 /// Retention, after the first file of a generation directory is deleted.
-pub const GC_GENERATION_PARTIAL: &str = "gc.generation_partial";
+pub(crate) const GC_GENERATION_PARTIAL: &str = "gc.generation_partial";
 /// Retention, after the generation step.
-pub const GC_AFTER_GENERATIONS: &str = "gc.after_generations";
+pub(crate) const GC_AFTER_GENERATIONS: &str = "gc.after_generations";
 /// Retention, after the first table's old versions are cleaned.
-pub const GC_VERSIONS_PARTIAL: &str = "gc.versions_partial";
+pub(crate) const GC_VERSIONS_PARTIAL: &str = "gc.versions_partial";
 /// Retention, after every table's old versions are cleaned.
-pub const GC_AFTER_VERSIONS: &str = "gc.after_versions";
+pub(crate) const GC_AFTER_VERSIONS: &str = "gc.after_versions";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -121,7 +121,7 @@ pub fn disarm(name: &str) {
 }
 
 /// Passes unless `name` is armed.
-pub fn hit(name: &'static str) -> Result<()> {
+pub(crate) fn hit(name: &'static str) -> Result<()> {
     if !ANY_ARMED.load(Ordering::Relaxed) && ARMED.get().is_some() {
         return Ok(());
     }

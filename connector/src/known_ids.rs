@@ -58,21 +58,21 @@ pub(crate) enum IdSet {
 }
 
 impl IdSet {
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             IdSet::Plain(s) => s.len(),
             IdSet::Tagged(_, m) => m.len(),
         }
     }
 
-    pub fn kind(&self) -> Kind {
+    pub(crate) fn kind(&self) -> Kind {
         match self {
             IdSet::Plain(_) => Kind::Plain,
             IdSet::Tagged(k, _) => *k,
         }
     }
 
-    pub fn is_homed(&self) -> bool {
+    pub(crate) fn is_homed(&self) -> bool {
         self.kind() == Kind::Homed
     }
 
@@ -123,7 +123,7 @@ pub(crate) struct KnownIds {
 }
 
 impl KnownIds {
-    pub fn new(max: usize) -> KnownIds {
+    pub(crate) fn new(max: usize) -> KnownIds {
         let random = std::collections::hash_map::RandomState::new();
         KnownIds {
             max,
@@ -145,31 +145,31 @@ impl KnownIds {
     }
 
     /// The ids of `table` at `version`, if known.
-    pub fn at(&self, table: &str, version: u64) -> Option<Arc<IdSet>> {
+    pub(crate) fn at(&self, table: &str, version: u64) -> Option<Arc<IdSet>> {
         let t = self.lock();
         t.get(table)
             .filter(|(v, _)| *v == version)
             .map(|(_, s)| s.clone())
     }
 
-    pub fn contains(&self, set: &IdSet, id: &str) -> bool {
+    pub(crate) fn contains(&self, set: &IdSet, id: &str) -> bool {
         set.addr(self.digest(id)).is_some()
     }
 
     /// The address of `id`'s row at the set's version, if `set` has it.
-    pub fn addr(&self, set: &IdSet, id: &str) -> Option<u64> {
+    pub(crate) fn addr(&self, set: &IdSet, id: &str) -> Option<u64> {
         set.addr(self.digest(id))
     }
 
     /// The partition `id`'s row came from, if `set` keeps homes and has it.
-    pub fn home(&self, set: &IdSet, id: &str) -> Option<u32> {
+    pub(crate) fn home(&self, set: &IdSet, id: &str) -> Option<u32> {
         set.is_homed()
             .then(|| set.tag_of(self.digest(id)).map(|t| t as u32))
             .flatten()
     }
 
     /// The tag a Sourced set keeps for a row whose `src` is `src`.
-    pub fn src_tag(&self, src: &str) -> u64 {
+    pub(crate) fn src_tag(&self, src: &str) -> u64 {
         self.seeds.0.hash_one(src)
     }
 
@@ -179,7 +179,7 @@ impl KnownIds {
     /// 64 bits per tag and small enough for the L2 cache, screens out all
     /// but ~1/64 of the other ids before the hash probe (at 10M edges the
     /// pass then takes ~0.05 s; BENCHMARKS.md, "Repeat runs").
-    pub fn with_src_tags(&self, set: &IdSet, tags: &HashSet<u64, Hasher>) -> Vec<u64> {
+    pub(crate) fn with_src_tags(&self, set: &IdSet, tags: &HashSet<u64, Hasher>) -> Vec<u64> {
         let IdSet::Tagged(Kind::Sourced, m) = set else {
             return Vec::new();
         };
@@ -204,7 +204,7 @@ impl KnownIds {
 
     /// A set of `kind` being filled by a scan of `table` that holds `rows`
     /// rows; `None` when keeping it would pass `known_ids_max`.
-    pub fn filling(&self, table: &str, rows: usize, kind: Kind) -> Option<IdSet> {
+    pub(crate) fn filling(&self, table: &str, rows: usize, kind: Kind) -> Option<IdSet> {
         let held: usize = self
             .lock()
             .iter()
@@ -221,12 +221,12 @@ impl KnownIds {
     }
 
     /// Adds `id` with its row's address and its tag (kept by a Tagged set).
-    pub fn add(&self, set: &mut IdSet, id: &str, tag: u64, addr: u64) {
+    pub(crate) fn add(&self, set: &mut IdSet, id: &str, tag: u64, addr: u64) {
         set.put(self.digest(id), tag, addr);
     }
 
     /// Files `set` as the ids of `table` at `version`.
-    pub fn keep(&self, table: &str, version: u64, set: IdSet) {
+    pub(crate) fn keep(&self, table: &str, version: u64, set: IdSet) {
         self.lock()
             .insert(table.to_string(), (version, Arc::new(set)));
     }
@@ -234,7 +234,7 @@ impl KnownIds {
     /// Moves `table`'s set from version `from` to `to` by ids added (with
     /// their tags and new row addresses) and removed; forgets it when
     /// it is not at `from`, or when it grew past `known_ids_max`.
-    pub fn advance<'a>(
+    pub(crate) fn advance<'a>(
         &self,
         table: &str,
         from: u64,
@@ -264,13 +264,13 @@ impl KnownIds {
     }
 
     /// The version and size of `table`'s set, if any.
-    pub fn held(&self, table: &str) -> Option<(u64, usize)> {
+    pub(crate) fn held(&self, table: &str) -> Option<(u64, usize)> {
         self.lock().get(table).map(|(v, s)| (*v, s.len()))
     }
 
     /// Swaps the row addresses kept for ids `a` and `b` of `table`: a set
     /// that drifted from its table, which the fold must catch. For tests.
-    pub fn swap_addresses(&self, table: &str, a: &str, b: &str) {
+    pub(crate) fn swap_addresses(&self, table: &str, a: &str, b: &str) {
         let (da, db) = (self.digest(a), self.digest(b));
         let mut t = self.lock();
         let Some((_, set)) = t.get_mut(table) else {
@@ -285,7 +285,7 @@ impl KnownIds {
     }
 
     /// Forgets what is known of `table`.
-    pub fn forget(&self, table: &str) {
+    pub(crate) fn forget(&self, table: &str) {
         self.lock().remove(table);
     }
 }

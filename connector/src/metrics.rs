@@ -59,14 +59,14 @@ impl Format {
 }
 
 /// Consecutive failed folds after which `/ready` reports `folds_failing`.
-pub const FOLD_FAILURES_NOT_READY: u64 = 3;
+pub(crate) const FOLD_FAILURES_NOT_READY: u64 = 3;
 
 /// A loop whose heartbeat is older than this fails `/health`.
-pub const HEARTBEAT_BOUND: Duration = Duration::from_secs(30);
+pub(crate) const HEARTBEAT_BOUND: Duration = Duration::from_secs(30);
 
 /// One fold longer than this fails `/health` (the fold histogram's top
 /// bucket is ~5 min; twice that is a stuck fold, not a big one).
-pub const FOLD_BOUND: Duration = Duration::from_secs(600);
+pub(crate) const FOLD_BOUND: Duration = Duration::from_secs(600);
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 

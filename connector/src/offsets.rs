@@ -6,19 +6,19 @@
 use std::collections::BTreeMap;
 
 use crate::types::OffsetRange;
-pub use crate::types::TopicPartition;
+pub(crate) use crate::types::TopicPartition;
 
 /// The highest offset of each partition a poll carried. A poll's ack is
 /// produced only when every write of that poll is durable.
 #[derive(Debug, Default, Clone)]
-pub struct PollAck {
+pub(crate) struct PollAck {
     pub high: BTreeMap<TopicPartition, i64>,
     pub records: usize,
 }
 
 impl PollAck {
     #[cfg(test)]
-    pub fn record(&mut self, topic: &str, partition: i32, offset: i64) {
+    pub(crate) fn record(&mut self, topic: &str, partition: i32, offset: i64) {
         self.records += 1;
         match self.high.get_mut(&(topic.to_string(), partition)) {
             Some(h) => *h = (*h).max(offset),
@@ -33,13 +33,13 @@ impl PollAck {
 /// the per-record path allocates nothing. A poll touches few partitions,
 /// so a linear scan beats hashing.
 #[derive(Debug, Default)]
-pub struct PollSpans<'a> {
+pub(crate) struct PollSpans<'a> {
     spans: Vec<(&'a str, i32, i64, i64)>,
     records: usize,
 }
 
 impl<'a> PollSpans<'a> {
-    pub fn record(&mut self, topic: &'a str, partition: i32, offset: i64) {
+    pub(crate) fn record(&mut self, topic: &'a str, partition: i32, offset: i64) {
         self.records += 1;
         match self
             .spans
@@ -54,7 +54,7 @@ impl<'a> PollSpans<'a> {
         }
     }
 
-    pub fn ack(&self) -> PollAck {
+    pub(crate) fn ack(&self) -> PollAck {
         PollAck {
             high: self
                 .spans
@@ -65,7 +65,7 @@ impl<'a> PollSpans<'a> {
         }
     }
 
-    pub fn add_to(&self, written: &mut WrittenSpans) {
+    pub(crate) fn add_to(&self, written: &mut WrittenSpans) {
         for (t, p, lo, hi) in &self.spans {
             written.record(t, *p, *lo);
             written.record(t, *p, *hi);
@@ -76,7 +76,7 @@ impl<'a> PollSpans<'a> {
 /// Contiguous durable progress per partition: `next` is the offset a
 /// commit may name (one past the last durable record).
 #[derive(Debug, Default)]
-pub struct DurableWatermarks {
+pub(crate) struct DurableWatermarks {
     next: BTreeMap<TopicPartition, i64>,
     committed: BTreeMap<TopicPartition, i64>,
 }
@@ -84,7 +84,7 @@ pub struct DurableWatermarks {
 impl DurableWatermarks {
     /// Acks must be applied in poll order (the pipeline resolves them
     /// through an ordered queue), which makes each watermark contiguous.
-    pub fn apply(&mut self, ack: &PollAck) {
+    pub(crate) fn apply(&mut self, ack: &PollAck) {
         for (tp, &high) in &ack.high {
             let e = self.next.entry(tp.clone()).or_insert(high + 1);
             *e = (*e).max(high + 1);
@@ -92,7 +92,7 @@ impl DurableWatermarks {
     }
 
     /// Partitions whose watermark moved past their last commit.
-    pub fn uncommitted(&self) -> Vec<(TopicPartition, i64)> {
+    pub(crate) fn uncommitted(&self) -> Vec<(TopicPartition, i64)> {
         self.next
             .iter()
             .filter(|(tp, n)| self.committed.get(*tp) != Some(n))
@@ -100,22 +100,22 @@ impl DurableWatermarks {
             .collect()
     }
 
-    pub fn all(&self) -> Vec<(TopicPartition, i64)> {
+    pub(crate) fn all(&self) -> Vec<(TopicPartition, i64)> {
         self.next.iter().map(|(tp, n)| (tp.clone(), *n)).collect()
     }
 
-    pub fn mark_committed(&mut self, done: &[(TopicPartition, i64)]) {
+    pub(crate) fn mark_committed(&mut self, done: &[(TopicPartition, i64)]) {
         for (tp, n) in done {
             self.committed.insert(tp.clone(), *n);
         }
     }
 
-    pub fn next(&self, tp: &TopicPartition) -> Option<i64> {
+    pub(crate) fn next(&self, tp: &TopicPartition) -> Option<i64> {
         self.next.get(tp).copied()
     }
 
     /// Forgets revoked partitions; their later acks are ignored by the caller.
-    pub fn forget(&mut self, tp: &TopicPartition) {
+    pub(crate) fn forget(&mut self, tp: &TopicPartition) {
         self.next.remove(tp);
         self.committed.remove(tp);
     }

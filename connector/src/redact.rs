@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::RwLock;
 
-pub const MASK: &str = "<redacted>";
+pub(crate) const MASK: &str = "<redacted>";
 
 /// Shorter values are not masked in free text: masking a 1–3 character
 /// string everywhere would garble every line and hide nothing.
@@ -21,7 +21,7 @@ static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
 /// `sasl.password`, `ssl.key.password`, `ssl.key.pem`,
 /// `ssl.keystore.password`, OAuth client secrets and config, and any key
 /// naming a password, secret, token or credential.
-pub fn is_secret_key(key: &str) -> bool {
+pub(crate) fn is_secret_key(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
     ["password", "secret", "token", "credential"]
         .iter()
@@ -33,7 +33,7 @@ pub fn is_secret_key(key: &str) -> bool {
 }
 
 /// Whether a `${VAR}` name says its value is a secret.
-pub fn is_secret_var(name: &str) -> bool {
+pub(crate) fn is_secret_var(name: &str) -> bool {
     let n = name.to_ascii_uppercase();
     ["SECRET", "PASSWORD", "TOKEN", "KEY"]
         .iter()
@@ -41,7 +41,7 @@ pub fn is_secret_var(name: &str) -> bool {
 }
 
 /// Masks `value` wherever it appears in logs and printed errors from now on.
-pub fn register(value: &str) {
+pub(crate) fn register(value: &str) {
     if value.len() < MIN_LEN {
         return;
     }
@@ -59,7 +59,7 @@ pub fn register(value: &str) {
 }
 
 /// `s` with every registered secret masked.
-pub fn text(s: &str) -> Cow<'_, str> {
+pub(crate) fn text(s: &str) -> Cow<'_, str> {
     let all = SECRETS.read().unwrap_or_else(|e| e.into_inner());
     if !all.iter().any(|x| s.contains(x.as_str())) {
         return Cow::Borrowed(s);
@@ -72,7 +72,7 @@ pub fn text(s: &str) -> Cow<'_, str> {
 }
 
 /// Properties with the values of secret keys masked (for `Debug`).
-pub fn props(map: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+pub(crate) fn props(map: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
     map.iter()
         .map(|(k, v)| {
             let v = if is_secret_key(k) { MASK } else { v.as_str() };
@@ -83,7 +83,7 @@ pub fn props(map: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
 
 /// A log writer that masks registered secrets in what it writes. The fmt
 /// layers write one event per `write`, so a secret is never split.
-pub struct Writer<W>(pub W);
+pub(crate) struct Writer<W>(pub W);
 
 impl<W: Write> Write for Writer<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -103,7 +103,7 @@ impl<W: Write> Write for Writer<W> {
 }
 
 /// `make_writer` for tracing-subscriber: stderr, masked.
-pub fn stderr() -> Writer<std::io::Stderr> {
+pub(crate) fn stderr() -> Writer<std::io::Stderr> {
     Writer(std::io::stderr())
 }
 

@@ -315,7 +315,7 @@ fn reject_id(s: &str) -> String {
 }
 
 /// Rejects as one batch of `_ingest_rejects` rows.
-pub fn to_batch(rejects: &[Reject]) -> RecordBatch {
+pub(crate) fn to_batch(rejects: &[Reject]) -> RecordBatch {
     let r = rejects;
     let s = |f: &dyn Fn(&Reject) -> Option<&str>| -> ArrayRef {
         Arc::new(r.iter().map(f).collect::<StringArray>())
@@ -358,7 +358,7 @@ pub fn to_batch(rejects: &[Reject]) -> RecordBatch {
 }
 
 /// Rows of `_ingest_rejects` back into rejects (CLI, re-delivery).
-pub fn from_batch(batch: &RecordBatch) -> Result<Vec<Reject>> {
+pub(crate) fn from_batch(batch: &RecordBatch) -> Result<Vec<Reject>> {
     use arrow::array::Array;
     let col = |n: &str| {
         batch
@@ -451,7 +451,7 @@ fn decode_headers(s: &str) -> Result<Vec<(String, Option<Vec<u8>>)>> {
 }
 
 /// Copies a message's headers, for a reject.
-pub fn owned_headers<H: Headers>(h: Option<&H>) -> Vec<(String, Option<Vec<u8>>)> {
+pub(crate) fn owned_headers<H: Headers>(h: Option<&H>) -> Vec<(String, Option<Vec<u8>>)> {
     let Some(h) = h else { return vec![] };
     h.iter()
         .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))

@@ -21,7 +21,7 @@ use crate::graph::{Graph, ShardLayout};
 use crate::schema::{REJECTS_TABLE, SRC_PARTITION};
 
 /// Shards N of a MemWAL table, as the graph was created with.
-pub fn shard_count(graph: &Graph, table: &str) -> Result<u32> {
+pub(crate) fn shard_count(graph: &Graph, table: &str) -> Result<u32> {
     graph
         .buckets
         .get(table)
@@ -42,7 +42,7 @@ pub fn shard_id(table: &str, bucket: u32) -> Uuid {
     )
 }
 
-pub async fn manifest_store(ds: &Dataset, shard: Uuid) -> Result<ShardManifestStore> {
+pub(crate) async fn manifest_store(ds: &Dataset, shard: Uuid) -> Result<ShardManifestStore> {
     let store = ds.object_store(None).await.ctx("object store")?;
     Ok(ShardManifestStore::new(
         store,
@@ -70,7 +70,7 @@ async fn initialize_shards(ds: &Dataset, table: &str, buckets: u32) -> Result<()
 
 /// `_mem_wal/<shard>/` of a table, as its object store names it (MemWAL's
 /// layout: `wal/`, `manifest/`, and one `<8hex>_gen_<g>/` per generation).
-pub fn shard_dir(ds: &Dataset, shard: Uuid) -> object_store::path::Path {
+pub(crate) fn shard_dir(ds: &Dataset, shard: Uuid) -> object_store::path::Path {
     ds.branch_location()
         .path
         .join("_mem_wal")
@@ -78,7 +78,7 @@ pub fn shard_dir(ds: &Dataset, shard: Uuid) -> object_store::path::Path {
 }
 
 /// The latest manifest of a shard as stored (not a writer's cached view).
-pub async fn latest_manifest(ds: &Dataset, shard: Uuid) -> Result<Option<ShardManifest>> {
+pub(crate) async fn latest_manifest(ds: &Dataset, shard: Uuid) -> Result<Option<ShardManifest>> {
     manifest_store(ds, shard)
         .await?
         .refresh_latest()
@@ -88,13 +88,13 @@ pub async fn latest_manifest(ds: &Dataset, shard: Uuid) -> Result<Option<ShardMa
 
 /// The compacted generation marker of each shard of a table version: the
 /// fold writes it, the planner and retention read it.
-pub async fn compacted_markers(ds: &Dataset) -> Result<HashMap<Uuid, u64>> {
+pub(crate) async fn compacted_markers(ds: &Dataset) -> Result<HashMap<Uuid, u64>> {
     let details = ds.mem_wal_index_details().await.ctx(ds.uri())?;
     Ok(details.as_ref().map(markers_of).unwrap_or_default())
 }
 
 /// The compacted generation marker of each shard in a MemWAL index's details.
-pub fn markers_of(details: &MemWalIndexDetails) -> HashMap<Uuid, u64> {
+pub(crate) fn markers_of(details: &MemWalIndexDetails) -> HashMap<Uuid, u64> {
     details
         .compacted_sstables
         .iter()
@@ -104,7 +104,7 @@ pub fn markers_of(details: &MemWalIndexDetails) -> HashMap<Uuid, u64> {
 
 /// What is durable in the MemWAL tier but not in the published graph.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Unfolded {
+pub(crate) struct Unfolded {
     /// Flushed generations past the head's compacted markers.
     pub generations: usize,
     /// Shards with rows in WAL entries past their replay mark (a live
@@ -113,7 +113,7 @@ pub struct Unfolded {
 }
 
 impl Unfolded {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.generations == 0 && self.wal_shards == 0
     }
 }
@@ -121,7 +121,7 @@ impl Unfolded {
 /// Everything durable the head commit has not folded, over every shard of
 /// every table it pins. WAL entries are read with Lance's `WalTailer` (no
 /// claim, nothing written); a fence sentinel has no rows and does not count.
-pub async fn unfolded(graph: &Graph) -> Result<Unfolded> {
+pub(crate) async fn unfolded(graph: &Graph) -> Result<Unfolded> {
     let head = graph.head().await?;
     let mut out = Unfolded::default();
     for (table, &version) in &head.tables {
@@ -215,7 +215,7 @@ async fn note_owners(graph: &Graph, claimed: &[(Uuid, u64)]) {
 }
 
 /// The last owner note of `shard`, if any (and readable).
-pub async fn shard_owner(graph: &Graph, shard: Uuid) -> Result<Option<ShardOwner>> {
+pub(crate) async fn shard_owner(graph: &Graph, shard: Uuid) -> Result<Option<ShardOwner>> {
     let uri = owner_uri(graph, shard);
     let got = graph.store().get(&uri).await.ctx(format!("read {uri}"))?;
     Ok(got.and_then(|b| serde_json::from_slice(&b).ok()))
@@ -263,7 +263,7 @@ pub struct LiveShard {
 }
 
 /// The live shards of a process, by shard id (empty in offline tools).
-pub type LiveShards = HashMap<Uuid, LiveShard>;
+pub(crate) type LiveShards = HashMap<Uuid, LiveShard>;
 
 /// Every writer this process holds, by table.
 pub struct ShardPool {
@@ -809,7 +809,13 @@ impl Write {
 /// A writer fenced by a peer becomes `Error::Fenced` naming the shard and
 /// epochs; one that gave up on its own WAL store, `Error::WalUnavailable`
 /// (reopening it replays whatever landed).
-pub fn fenced_or(e: lance::Error, table: &str, bucket: u32, shard: Uuid, what: &str) -> Error {
+pub(crate) fn fenced_or(
+    e: lance::Error,
+    table: &str,
+    bucket: u32,
+    shard: Uuid,
+    what: &str,
+) -> Error {
     match e.fence_reason().or_else(|| stringified_fence(&e)) {
         Some(lance_core::FenceReason::PersistenceFailure) => Error::WalUnavailable {
             table: table.to_string(),

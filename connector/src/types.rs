@@ -20,11 +20,11 @@ pub struct OffsetRange {
 /// An offset per topic and partition. For the dead-letter topics: offsets
 /// every later produce lands at or past, so a read from them finds what was
 /// produced since (a missing partition reads from its start).
-pub type PartitionOffsets = BTreeMap<String, BTreeMap<i32, i64>>;
+pub(crate) type PartitionOffsets = BTreeMap<String, BTreeMap<i32, i64>>;
 
 /// Raises each offset of `into` to `from`'s where that is higher. Two lower
 /// bounds of what comes later give a tighter one.
-pub fn raise_offsets(into: &mut PartitionOffsets, from: &PartitionOffsets) {
+pub(crate) fn raise_offsets(into: &mut PartitionOffsets, from: &PartitionOffsets) {
     for (topic, parts) in from {
         let mine = into.entry(topic.clone()).or_default();
         for (&p, &o) in parts {

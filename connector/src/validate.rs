@@ -28,7 +28,7 @@ const MAX_SHOWN: usize = 120;
 /// reject code (`Enum`, `Range` or `Check`) and a message naming the
 /// property, the value and the constraint.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Violation {
+pub(crate) struct Violation {
     pub row: usize,
     pub code: RejectCode,
     pub message: String,
@@ -36,7 +36,7 @@ pub struct Violation {
 
 /// A type's enum, `@range` and `@check` constraints, compiled.
 #[derive(Debug, Clone)]
-pub struct Validator {
+pub(crate) struct Validator {
     enums: Vec<EnumRule>,
     ranges: Vec<RangeRule>,
     checks: Vec<CheckRule>,
@@ -71,7 +71,7 @@ struct CheckRule {
 impl Validator {
     /// Compiles the type's constraints. An invalid `@check` regex is a schema
     /// error (the `.pg` compiler accepts any string as a pattern).
-    pub fn new(ty: &GraphType) -> Result<Validator> {
+    pub(crate) fn new(ty: &GraphType) -> Result<Validator> {
         let c = &ty.constraints;
         let enums = c
             .enums
@@ -133,7 +133,7 @@ impl Validator {
 
     /// True when the type has no enum, range or check constraint (callers
     /// skip [`Validator::check`]).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.enums.is_empty() && self.ranges.is_empty() && self.checks.is_empty()
     }
 
@@ -151,7 +151,7 @@ impl Validator {
     ///   checked per element; non-numeric columns (dates) are skipped.
     /// - `@check`: `Regex::is_match`, so the pattern's own anchors decide
     ///   whether the whole string must match. Lists are checked per element.
-    pub fn check(&self, rows: &RecordBatch) -> Vec<Violation> {
+    pub(crate) fn check(&self, rows: &RecordBatch) -> Vec<Violation> {
         let mut out = Vec::new();
         if self.is_empty() || rows.num_rows() == 0 {
             return out;

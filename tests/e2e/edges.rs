@@ -510,7 +510,7 @@ impl InProcess {
                 .filter(|r| r.0 == m)
                 .map(|r| (r.1.to_string(), r.2.as_ref().map(Value::to_string)))
                 .collect();
-            let src: Vec<SourceRecord> = values
+            let src: Vec<SourceRecord<'_>> = values
                 .iter()
                 .enumerate()
                 .map(|(i, (k, v))| SourceRecord {

@@ -34,7 +34,7 @@ static BROKER: OnceLock<Broker> = OnceLock::new();
 /// in a container (GRAPHSINK_TEST_BROKER_BACKEND=containers), or starts the
 /// Apache Kafka (or, with GRAPHSINK_TEST_BROKER_BACKEND=tansu, the tansu)
 /// that scripts/test.sh installs, or fails saying how to get one.
-pub fn broker() -> &'static str {
+pub(crate) fn broker() -> &'static str {
     &BROKER
         .get_or_init(|| {
             if let Ok(addr) = std::env::var("GRAPHSINK_TEST_BROKER") {
@@ -78,7 +78,7 @@ static S3_SERVER: OnceLock<S3> = OnceLock::new();
 /// created and conditional PUTs proven enforced. Never skips: it uses
 /// GRAPHSINK_TEST_S3, or starts the moto that scripts/test.sh installs, or
 /// fails saying how to get one.
-pub fn s3_endpoint() -> &'static str {
+pub(crate) fn s3_endpoint() -> &'static str {
     &S3_SERVER
         .get_or_init(|| {
             let (endpoint, moto) = match std::env::var("GRAPHSINK_TEST_S3") {
@@ -109,7 +109,7 @@ pub fn s3_endpoint() -> &'static str {
 
 /// Where a test graph's root lives: the core scenarios run on both.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Backend {
+pub(crate) enum Backend {
     /// A directory in the test's temp dir.
     Local,
     /// A fresh prefix of the test bucket on the S3 server.
@@ -166,19 +166,19 @@ macro_rules! on_every_backend {
     };
 }
 
-pub fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     format!(
         "{prefix}-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     )
 }
 
-pub async fn create_topic(name: &str, partitions: i32) {
+pub(crate) async fn create_topic(name: &str, partitions: i32) {
     create_topic_with(name, partitions, &[]).await
 }
 
 /// [`create_topic`] with topic configs (`max.message.bytes`, ...).
-pub async fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &str)]) {
+pub(crate) async fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", broker())
         .create()
@@ -198,13 +198,13 @@ pub async fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &s
 
 /// One record to produce to an explicit partition.
 #[derive(Clone, Debug)]
-pub struct Rec {
+pub(crate) struct Rec {
     pub partition: i32,
     pub key: Option<String>,
     pub value: Option<String>,
 }
 
-pub fn rec(partition: i32, key: Option<&str>, value: Option<serde_json::Value>) -> Rec {
+pub(crate) fn rec(partition: i32, key: Option<&str>, value: Option<serde_json::Value>) -> Rec {
     Rec {
         partition,
         key: key.map(str::to_string),
@@ -214,14 +214,14 @@ pub fn rec(partition: i32, key: Option<&str>, value: Option<serde_json::Value>) 
 
 /// A record with raw bytes and headers (the hostile corpus).
 #[derive(Clone, Debug, Default)]
-pub struct RawRec {
+pub(crate) struct RawRec {
     pub partition: i32,
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
     pub headers: Vec<(String, Vec<u8>)>,
 }
 
-pub async fn produce_raw(topic: &str, recs: &[RawRec]) {
+pub(crate) async fn produce_raw(topic: &str, recs: &[RawRec]) {
     use rdkafka::message::{Header, OwnedHeaders};
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", broker())
@@ -237,7 +237,7 @@ pub async fn produce_raw(topic: &str, recs: &[RawRec]) {
                 value: Some(v),
             });
         }
-        let mut fr: FutureRecord<[u8], [u8]> =
+        let mut fr: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(topic).partition(r.partition).headers(h);
         if let Some(k) = &r.key {
             fr = fr.key(k);
@@ -254,18 +254,19 @@ pub async fn produce_raw(topic: &str, recs: &[RawRec]) {
 }
 
 /// `_ingest_rejects` at the head commit, as plain Lance reads it.
-pub async fn rejects_at_head(tg: &TestGraph) -> Vec<serde_json::Value> {
+pub(crate) async fn rejects_at_head(tg: &TestGraph) -> Vec<serde_json::Value> {
     tg.rows("_ingest_rejects").await.into_values().collect()
 }
 
-pub async fn produce(topic: &str, recs: &[Rec]) {
+pub(crate) async fn produce(topic: &str, recs: &[Rec]) {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", broker())
         .set("enable.idempotence", "true")
         .create()
         .expect("producer");
     for r in recs {
-        let mut fr: FutureRecord<String, String> = FutureRecord::to(topic).partition(r.partition);
+        let mut fr: FutureRecord<'_, String, String> =
+            FutureRecord::to(topic).partition(r.partition);
         if let Some(k) = &r.key {
             fr = fr.key(k);
         }
@@ -290,7 +291,7 @@ fn group_consumer(group: &str) -> BaseConsumer {
 }
 
 /// Committed offsets of `group` on `topic` (absent partitions have none).
-pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+pub(crate) fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
     let c = group_consumer(group);
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
@@ -319,7 +320,7 @@ pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64
         .collect()
 }
 
-pub fn end_offsets(topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+pub(crate) fn end_offsets(topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
     let c = group_consumer(&unique("probe"));
     (0..partitions)
         .map(|p| {
@@ -332,7 +333,7 @@ pub fn end_offsets(topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
 }
 
 /// Resets `group` to offset 0 on every partition of `topic`.
-pub fn reset_group(group: &str, topic: &str, partitions: i32) {
+pub(crate) fn reset_group(group: &str, topic: &str, partitions: i32) {
     let c = group_consumer(group);
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
@@ -347,7 +348,7 @@ pub fn reset_group(group: &str, topic: &str, partitions: i32) {
 /// cooperative budget of the test task is spent, every tokio resource the
 /// nested read polls answers "pending, wake me" at once, and the read spins
 /// at 100 % CPU forever.
-pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
+pub(crate) async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -359,7 +360,7 @@ where
     }
 }
 
-pub async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+pub(crate) async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -368,7 +369,7 @@ pub async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bo
 }
 
 /// A graph in a temp dir with its own topics and consumer group.
-pub struct TestGraph {
+pub(crate) struct TestGraph {
     pub dir: tempfile::TempDir,
     pub group: String,
     pub topics: Vec<String>,
@@ -376,7 +377,7 @@ pub struct TestGraph {
     pub dlq: String,
 }
 
-pub const SCHEMA: &str = r#"
+pub(crate) const SCHEMA: &str = r#"
 node Person { name: String @key  age: I32?  city: String? }
 node Company { ticker: String @key  name: String  founded: I32? }
 node Slot { tenant: String  slot: U32  label: String?  @key(tenant, slot) }
@@ -385,16 +386,16 @@ node Slot { tenant: String  slot: U32  label: String?  @key(tenant, slot) }
 impl TestGraph {
     /// `mappings` are TOML `[[mapping]]` bodies without the `topic` line;
     /// each gets a fresh topic, in order. `extra` is appended verbatim.
-    pub fn new(mappings: &[&str], extra: &str) -> TestGraph {
+    pub(crate) fn new(mappings: &[&str], extra: &str) -> TestGraph {
         Self::with_schema(SCHEMA, mappings, extra)
     }
 
-    pub fn with_schema(schema: &str, mappings: &[&str], extra: &str) -> TestGraph {
+    pub(crate) fn with_schema(schema: &str, mappings: &[&str], extra: &str) -> TestGraph {
         Self::on(Backend::Local, schema, mappings, extra)
     }
 
     /// A graph on `backend`; the config file stays in the temp dir.
-    pub fn on(backend: Backend, schema: &str, mappings: &[&str], extra: &str) -> TestGraph {
+    pub(crate) fn on(backend: Backend, schema: &str, mappings: &[&str], extra: &str) -> TestGraph {
         let extra = &for_the_broker(extra);
         let dir = tempfile::tempdir().expect("temp dir");
         let group = unique("group");
@@ -422,27 +423,27 @@ impl TestGraph {
         }
     }
 
-    pub fn config_path(&self) -> PathBuf {
+    pub(crate) fn config_path(&self) -> PathBuf {
         self.dir.path().join("graphsink.toml")
     }
 
-    pub fn config(&self) -> Config {
+    pub(crate) fn config(&self) -> Config {
         Config::load(&self.config_path()).expect("config")
     }
 
-    pub async fn graph(&self) -> Graph {
+    pub(crate) async fn graph(&self) -> Graph {
         Graph::open_configured(&self.config()).await.expect("graph")
     }
 
     /// Rows of `table` at the head commit: id → the row as JSON.
-    pub async fn rows(&self, table: &str) -> BTreeMap<String, serde_json::Value> {
+    pub(crate) async fn rows(&self, table: &str) -> BTreeMap<String, serde_json::Value> {
         let g = self.graph().await;
         let head = g.head().await.unwrap();
         read_table(&g, table, head.tables[table]).await
     }
 
     /// Runs the real binary to completion.
-    pub fn cli(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    pub(crate) fn cli(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
         cmd.args(args).arg("--config").arg(self.config_path());
         for (k, v) in env {
@@ -453,12 +454,12 @@ impl TestGraph {
 
     /// A `graphsink run` child that dies with the test, even one that
     /// fails before it kills the child itself.
-    pub fn spawn_run(&self) -> Child {
+    pub(crate) fn spawn_run(&self) -> Child {
         self.spawn_run_with(&[])
     }
 
     /// [`TestGraph::spawn_run`] with extra environment (failpoints).
-    pub fn spawn_run_with(&self, env: &[(&str, &str)]) -> Child {
+    pub(crate) fn spawn_run_with(&self, env: &[(&str, &str)]) -> Child {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
         cmd.args(["run", "--config"])
             .arg(self.config_path())
@@ -474,7 +475,7 @@ impl TestGraph {
 /// `--exit-at-end` (its high watermark can read low) and no dead-letter
 /// transactions (it cannot abort one). Nothing for Apache Kafka.
 /// Whether the tests run against the opt-in tansu backend.
-pub fn on_tansu() -> bool {
+pub(crate) fn on_tansu() -> bool {
     std::env::var(graphsink_testkit::broker::BACKEND_VAR).is_ok_and(|b| b == "tansu")
 }
 
@@ -504,7 +505,7 @@ fn for_the_broker(extra: &str) -> String {
 
 /// The latest version of a table, opened with plain Lance (and the root's
 /// storage options), independent of graphsink's own read path.
-pub async fn plain_open(g: &Graph, table: &str) -> lance::Dataset {
+pub(crate) async fn plain_open(g: &Graph, table: &str) -> lance::Dataset {
     let uri = g.table_uri(table);
     lance::dataset::builder::DatasetBuilder::from_uri(&uri)
         .with_storage_options(g.store().options().clone())
@@ -514,7 +515,7 @@ pub async fn plain_open(g: &Graph, table: &str) -> lance::Dataset {
 }
 
 /// Reads every row of a table version with plain Lance.
-pub async fn read_table(
+pub(crate) async fn read_table(
     g: &Graph,
     table: &str,
     version: u64,
@@ -555,7 +556,7 @@ pub async fn read_table(
     out
 }
 
-pub fn strip_provenance(
+pub(crate) fn strip_provenance(
     rows: &BTreeMap<String, serde_json::Value>,
 ) -> BTreeMap<String, serde_json::Value> {
     rows.iter()
@@ -571,14 +572,14 @@ pub fn strip_provenance(
 
 /// One message read back from a topic (the dead-letter topic, mostly).
 #[derive(Debug, Clone)]
-pub struct Consumed {
+pub(crate) struct Consumed {
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
     pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
 impl Consumed {
-    pub fn header(&self, name: &str) -> Option<String> {
+    pub(crate) fn header(&self, name: &str) -> Option<String> {
         self.headers
             .iter()
             .find(|(k, _)| k == name)
@@ -589,13 +590,13 @@ impl Consumed {
 
 /// Every message of `topic` (all partitions, from the start) as an
 /// independent consumer sees it, once `want` arrived or `timeout` passed.
-pub fn read_topic(topic: &str, want: usize, timeout: Duration) -> Vec<Consumed> {
+pub(crate) fn read_topic(topic: &str, want: usize, timeout: Duration) -> Vec<Consumed> {
     read_topic_as(topic, want, timeout, "read_committed")
 }
 
 /// [`read_topic`] with `isolation.level` set: `read_uncommitted` also shows
 /// the records of aborted (and open) transactions.
-pub fn read_topic_as(
+pub(crate) fn read_topic_as(
     topic: &str,
     want: usize,
     timeout: Duration,
@@ -650,7 +651,7 @@ pub fn read_topic_as(
 }
 
 /// Runs the connector in process until it is at the end of its topics.
-pub async fn try_run_to_end(tg: &TestGraph) -> graphsink::Result<graphsink::RunSummary> {
+pub(crate) async fn try_run_to_end(tg: &TestGraph) -> graphsink::Result<graphsink::RunSummary> {
     let options = graphsink::RunOptions {
         exit_at_end: true,
         ..Default::default()

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::harness::*;
 
 /// Records for one topic plus the state they must leave behind.
-pub struct Workload {
+pub(crate) struct Workload {
     pub recs: Vec<Rec>,
     /// id → (row without provenance, partition, offset of the last write)
     pub expected: BTreeMap<String, (Value, i32, i64)>,
@@ -19,7 +19,7 @@ pub struct Workload {
 
 /// People with repeated keys, a delete, and a delete followed by a re-insert.
 /// A key always goes to the same partition, so Kafka order is per-key order.
-pub fn people(n: usize, keys: usize, partitions: i32) -> Workload {
+pub(crate) fn people(n: usize, keys: usize, partitions: i32) -> Workload {
     let mut recs = Vec::new();
     let mut next = vec![0i64; partitions as usize];
     let mut expected = BTreeMap::new();

@@ -32,7 +32,7 @@ async fn write(
     values: &[Value],
 ) {
     let texts: Vec<String> = values.iter().map(Value::to_string).collect();
-    let recs: Vec<SourceRecord> = texts
+    let recs: Vec<SourceRecord<'_>> = texts
         .iter()
         .enumerate()
         .map(|(i, v)| SourceRecord {

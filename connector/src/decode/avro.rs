@@ -54,8 +54,9 @@ enum Writer {
     Ready {
         writer: String,
         reader: String,
-        /// None after a failure, until the next decode rebuilds it.
-        decoder: Option<Decoder>,
+        /// None after a failure, until the next decode rebuilds it. Boxed:
+        /// arrow-avro's decoder is large, and refused ids are many.
+        decoder: Option<Box<Decoder>>,
     },
     Refused(RejectCode, String),
 }
@@ -87,11 +88,13 @@ impl AvroFormat {
                 decoder,
             }) => {
                 if decoder.as_ref().is_none_or(|d| d.batch_size() < batch_size) {
-                    *decoder = Some(build(id, writer, reader, batch_size).map_err(|e| {
-                        Fail::System(Error::Other(format!(
-                            "avro decoder of schema id {id}, which resolved before: {e}"
-                        )))
-                    })?);
+                    *decoder = Some(Box::new(build(id, writer, reader, batch_size).map_err(
+                        |e| {
+                            Fail::System(Error::Other(format!(
+                                "avro decoder of schema id {id}, which resolved before: {e}"
+                            )))
+                        },
+                    )?));
                 }
                 decoder.as_mut().expect("just built")
             }
@@ -103,10 +106,9 @@ impl AvroFormat {
             }
         };
         let mut out = Vec::new();
-        let step = decode_values(decoder, values, &mut out);
-        if step.is_err() {
+        if let Err(e) = decode_values(decoder, values, &mut out) {
             self.drop_decoder(id);
-            return Err(step.unwrap_err());
+            return Err(e);
         }
         match out.len() {
             1 => Ok(out.pop().expect("one")),
@@ -191,7 +193,7 @@ impl ValueFormat for AvroFormat {
                     Ok(d) => Writer::Ready {
                         writer: s.text.clone(),
                         reader,
-                        decoder: Some(d),
+                        decoder: Some(Box::new(d)),
                     },
                     Err(e) => Writer::Refused(
                         RejectCode::SchemaMismatch,

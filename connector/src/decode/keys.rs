@@ -22,7 +22,7 @@ use super::{bad, Fail, RecordDecoder, SourceRecord, Step};
 impl RecordDecoder {
     /// The typed `@key` parts from Kafka keys: a string (optionally a JSON
     /// string) for a single key, a JSON array for a composite one.
-    pub(super) fn key_from_kafka(&self, recs: &[SourceRecord]) -> Step<Vec<ArrayRef>> {
+    pub(super) fn key_from_kafka(&self, recs: &[SourceRecord<'_>]) -> Step<Vec<ArrayRef>> {
         let width = self.ty.key.len();
         let mut texts: Vec<Vec<String>> = vec![Vec::with_capacity(recs.len()); width];
         for r in recs {
@@ -62,7 +62,7 @@ impl RecordDecoder {
 
     /// The id a tombstone deletes: the node's key from the Kafka key, or
     /// the edge id itself.
-    pub(super) fn tombstone_id(&self, r: &SourceRecord) -> Step<String> {
+    pub(super) fn tombstone_id(&self, r: &SourceRecord<'_>) -> Step<String> {
         let Some(key) = r.key else {
             return bad(
                 RejectCode::BadTombstone,

@@ -398,7 +398,7 @@ impl RecordDecoder {
 
     fn reject(
         &self,
-        r: &SourceRecord,
+        r: &SourceRecord<'_>,
         code: RejectCode,
         message: String,
         row: Option<String>,

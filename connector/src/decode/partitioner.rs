@@ -5,7 +5,7 @@
 use crate::config::Partitioner;
 
 /// The partition of `key` among `count` partitions under `p`.
-pub fn partition_of(p: Partitioner, key: &[u8], count: i32) -> i32 {
+pub(super) fn partition_of(p: Partitioner, key: &[u8], count: i32) -> i32 {
     use rdkafka::bindings as rd;
     type Fn = unsafe extern "C" fn(
         *const rd::rd_kafka_topic_t,

@@ -49,7 +49,7 @@ impl RecordDecoder {
     /// Decodes `records` as one batch; any bad record fails all of them.
     pub(super) fn part(&mut self, records: &[SourceRecord<'_>]) -> Step<Part> {
         let mut part = Part::default();
-        let mut ups: Vec<SourceRecord> = Vec::new();
+        let mut ups: Vec<SourceRecord<'_>> = Vec::new();
         let mut values: Vec<&[u8]> = Vec::new();
         for (i, r) in records.iter().enumerate() {
             match r.value {
@@ -77,7 +77,7 @@ impl RecordDecoder {
 
     /// Fills the key properties, derives `id`, appends provenance, and
     /// orders the columns as the table declares them.
-    fn node_rows(&self, recs: &[SourceRecord], batch: RecordBatch) -> Step<RecordBatch> {
+    fn node_rows(&self, recs: &[SourceRecord<'_>], batch: RecordBatch) -> Step<RecordBatch> {
         let Shape::Node(key) = &self.shape else {
             unreachable!("nodes only")
         };
@@ -120,7 +120,7 @@ impl RecordDecoder {
     }
 
     /// Edge rows: endpoints from their fields, the id by the mapping's rule.
-    fn edge_rows(&self, recs: &[SourceRecord], batch: RecordBatch) -> Step<RecordBatch> {
+    fn edge_rows(&self, recs: &[SourceRecord<'_>], batch: RecordBatch) -> Step<RecordBatch> {
         let Shape::Edge { id, src, dst } = &self.shape else {
             unreachable!("edges only")
         };
@@ -187,7 +187,7 @@ impl RecordDecoder {
     /// Appends provenance and orders the columns as the table declares them.
     fn finish(
         &self,
-        recs: &[SourceRecord],
+        recs: &[SourceRecord<'_>],
         mut cols: HashMap<String, ArrayRef>,
     ) -> Step<RecordBatch> {
         let n = recs.len();

@@ -32,7 +32,7 @@ impl RecordDecoder {
     /// The records at `ok` (those the screen let through) as rows and
     /// rejects, by index into `records` (the poll).
     pub(super) fn rows_of(&mut self, records: &[SourceRecord<'_>], ok: &[usize]) -> Result<Sorted> {
-        let screened: Vec<SourceRecord> = ok.iter().map(|&i| records[i]).collect();
+        let screened: Vec<SourceRecord<'_>> = ok.iter().map(|&i| records[i]).collect();
         let mut sorted = self.part_or_split(&screened)?;
         // Back to poll indices.
         let part = &mut sorted.part;
@@ -62,7 +62,7 @@ impl RecordDecoder {
             let step = if idx.len() == records.len() {
                 self.part(records)
             } else {
-                let batch: Vec<SourceRecord> = idx.iter().map(|&i| records[i]).collect();
+                let batch: Vec<SourceRecord<'_>> = idx.iter().map(|&i| records[i]).collect();
                 self.part(&batch)
             };
             match step {

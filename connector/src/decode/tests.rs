@@ -221,7 +221,7 @@ fn one_bad_record_does_not_re_decode_the_poll_record_by_record() {
             _ => format!(r#"{{"name":"n{i}","age":{}}}"#, i % 100),
         })
         .collect();
-    let recs: Vec<SourceRecord> = values
+    let recs: Vec<SourceRecord<'_>> = values
         .iter()
         .enumerate()
         .map(|(i, v)| rec(i as i64, None, Some(v.as_str())))
@@ -255,7 +255,7 @@ fn a_reject_storm_costs_one_redecode_plus_one_per_bad_record() {
             _ => format!(r#"{{"name":"n{i}","age":{}}}"#, i % 100),
         })
         .collect();
-    let recs: Vec<SourceRecord> = values
+    let recs: Vec<SourceRecord<'_>> = values
         .iter()
         .enumerate()
         .map(|(i, v)| rec(i as i64, None, Some(v.as_str())))
@@ -336,7 +336,7 @@ fn a_corpus_of_bad_records_rejects_each_with_its_code() {
     let mut d = decoder("");
     let long = format!(r#"{{"name":"x","code":"{}"}}"#, "A".repeat(300));
     type Case<'a> = (Option<&'a str>, Option<&'a [u8]>, Option<RejectCode>);
-    let corpus: Vec<Case> = vec![
+    let corpus: Vec<Case<'_>> = vec![
         (None, Some(br#"{"name":"ok1","age":5}"#), None),
         (None, Some(br#"{"name":"#), Some(RejectCode::MalformedJson)),
         (
@@ -405,7 +405,7 @@ fn a_corpus_of_bad_records_rejects_each_with_its_code() {
             None,
         ),
     ];
-    let records: Vec<SourceRecord> = corpus
+    let records: Vec<SourceRecord<'_>> = corpus
         .iter()
         .enumerate()
         .map(|(i, (k, v, _))| SourceRecord {

@@ -85,7 +85,7 @@ pub struct ShardPlan {
 
 /// Which generations a fold may take: everything flushed (`None`), or, in
 /// the running connector, what its last freeze cut covered.
-pub type Cut = Option<HashMap<uuid::Uuid, u64>>;
+pub(super) type Cut = Option<HashMap<uuid::Uuid, u64>>;
 
 /// Plans a fold of every flushed, not yet compacted generation (within the
 /// cut). `None` when there is nothing to fold.

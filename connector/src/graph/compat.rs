@@ -160,7 +160,7 @@ impl Graph {
 }
 
 /// The refusal of a plan: each refused change by name.
-pub fn refusal(root: &str, refused: &[&Change]) -> Error {
+pub(crate) fn refusal(root: &str, refused: &[&Change]) -> Error {
     Error::SchemaChanges {
         root: root.to_string(),
         changes: refused.iter().map(|c| c.to_string()).collect(),

@@ -70,7 +70,7 @@ impl fmt::Display for Change {
 
 /// Every change from `old` to `new`, types in `new`'s order then dropped
 /// ones, each type's changes in a stable order.
-pub fn diff(old: &GraphSchema, new: &GraphSchema) -> Vec<Change> {
+pub(crate) fn diff(old: &GraphSchema, new: &GraphSchema) -> Vec<Change> {
     let mut out = Vec::new();
     let olds: BTreeMap<&str, &GraphType> = old.types.iter().map(|t| (t.name.as_str(), t)).collect();
     for t in &new.types {

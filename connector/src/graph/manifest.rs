@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Context, Error, Result};
 use crate::schema::{manifest_schema, MANIFEST_PK, MANIFEST_TABLE};
-pub use crate::types::OffsetRange;
+pub(super) use crate::types::OffsetRange;
 use crate::types::{now_ms, PartitionOffsets};
 
 use super::Graph;

@@ -11,7 +11,7 @@
 //! no writer and knows no policy.
 
 mod compat;
-pub mod evolve;
+pub(crate) mod evolve;
 mod init;
 mod layout;
 mod manifest;
@@ -27,9 +27,9 @@ use crate::known_ids::KnownIds;
 use crate::schema::{GraphSchema, MANIFEST_TABLE};
 use crate::store::Store;
 
-pub use compat::{refusal, SchemaPlan};
+pub(crate) use compat::{refusal, SchemaPlan};
 use layout::shard_layout;
-pub use layout::ShardLayout;
+pub(crate) use layout::ShardLayout;
 pub(crate) use manifest::scan;
 pub use manifest::{new_commit_id, FoldedShard, GraphCommit, TableStats};
 
@@ -172,7 +172,11 @@ fn is_lance_not_found(e: &lance::Error) -> bool {
 
 /// `table` at the version `commit` pins. A version that retention removed
 /// is `CommitExpired`, not Lance's not-found.
-pub async fn open_pinned(graph: &Graph, commit: &GraphCommit, table: &str) -> Result<Dataset> {
+pub(crate) async fn open_pinned(
+    graph: &Graph,
+    commit: &GraphCommit,
+    table: &str,
+) -> Result<Dataset> {
     let version = *commit
         .tables
         .get(table)

@@ -35,7 +35,7 @@ pub(crate) async fn create_topics(
     partitions: i32,
 ) -> Result<Vec<TopicOutcome>> {
     let admin: AdminClient<DefaultClientContext> = config.create()?;
-    let topics: Vec<NewTopic> = names
+    let topics: Vec<NewTopic<'_>> = names
         .iter()
         .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
         .collect();

@@ -50,7 +50,7 @@ pub(crate) async fn produce(config: &Config, topic: &str, records: &[KeyValue]) 
     };
     for r in records {
         loop {
-            let mut rec: FutureRecord<String, String> = FutureRecord::to(topic);
+            let mut rec: FutureRecord<'_, String, String> = FutureRecord::to(topic);
             if let Some(k) = &r.key {
                 rec = rec.key(k);
             }

@@ -9,26 +9,26 @@ use crate::rejects::Reject;
 
 /// Header names of a dead-letter message (README lists them).
 pub(crate) mod headers {
-    pub const TOPIC: &str = "__connect.errors.topic";
-    pub const PARTITION: &str = "__connect.errors.partition";
-    pub const OFFSET: &str = "__connect.errors.offset";
-    pub const CONNECTOR: &str = "__connect.errors.connector.name";
-    pub const TASK: &str = "__connect.errors.task.id";
-    pub const STAGE: &str = "__connect.errors.stage";
-    pub const CLASS: &str = "__connect.errors.class.name";
-    pub const EXCEPTION_CLASS: &str = "__connect.errors.exception.class.name";
-    pub const EXCEPTION_MESSAGE: &str = "__connect.errors.exception.message";
-    pub const GS_STAGE: &str = "graphsink.stage";
-    pub const GS_CODE: &str = "graphsink.code";
-    pub const GS_TYPE: &str = "graphsink.type";
-    pub const GS_REJECT_ID: &str = "graphsink.reject_id";
-    pub const GS_COMMIT: &str = "graphsink.graph_commit";
+    pub(crate) const TOPIC: &str = "__connect.errors.topic";
+    pub(crate) const PARTITION: &str = "__connect.errors.partition";
+    pub(crate) const OFFSET: &str = "__connect.errors.offset";
+    pub(crate) const CONNECTOR: &str = "__connect.errors.connector.name";
+    pub(crate) const TASK: &str = "__connect.errors.task.id";
+    pub(crate) const STAGE: &str = "__connect.errors.stage";
+    pub(crate) const CLASS: &str = "__connect.errors.class.name";
+    pub(crate) const EXCEPTION_CLASS: &str = "__connect.errors.exception.class.name";
+    pub(crate) const EXCEPTION_MESSAGE: &str = "__connect.errors.exception.message";
+    pub(crate) const GS_STAGE: &str = "graphsink.stage";
+    pub(crate) const GS_CODE: &str = "graphsink.code";
+    pub(crate) const GS_TYPE: &str = "graphsink.type";
+    pub(crate) const GS_REJECT_ID: &str = "graphsink.reject_id";
+    pub(crate) const GS_COMMIT: &str = "graphsink.graph_commit";
     /// The original length of a key or value cut to fit the producer's
     /// `message.max.bytes` (the whole bytes stay in `_ingest_rejects`).
-    pub const GS_KEY_TRUNCATED: &str = "graphsink.key_truncated";
-    pub const GS_VALUE_TRUNCATED: &str = "graphsink.value_truncated";
+    pub(crate) const GS_KEY_TRUNCATED: &str = "graphsink.key_truncated";
+    pub(crate) const GS_VALUE_TRUNCATED: &str = "graphsink.value_truncated";
     /// Headers graphsink adds; a replay strips them.
-    pub fn is_ours(name: &str) -> bool {
+    pub(crate) fn is_ours(name: &str) -> bool {
         name.starts_with("__connect.errors.") || name.starts_with("graphsink.")
     }
 }

@@ -723,7 +723,7 @@ impl RunLoop<'_> {
         self.stats
             .take_ns
             .fetch_add(nanos(started), Ordering::Relaxed);
-        let mut by_topic: BTreeMap<&str, Vec<SourceRecord>> = BTreeMap::new();
+        let mut by_topic: BTreeMap<&str, Vec<SourceRecord<'_>>> = BTreeMap::new();
         let mut seen = PollSpans::default();
         // Per partition: records, key + value bytes, newest offset.
         let mut took: BTreeMap<(&str, i32), (u64, u64, i64)> = BTreeMap::new();

@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::graph::{self, Graph, GraphCommit};
 use crate::retention;
-pub use crate::retention::{GcReport, TableGc};
+pub(crate) use crate::retention::{GcReport, TableGc};
 use crate::schema::GraphSchema;
 
 /// What `check` found valid.
@@ -108,7 +108,7 @@ async fn check_subjects(config: &Config, schema: &GraphSchema) -> Result<()> {
 /// the fold claims every shard, which fences their writers. A broker that
 /// cannot be asked is a WARN, not a refusal: the offline fold is also the
 /// tool for when Kafka is down.
-pub async fn refuse_if_members(config: &Config) -> Result<()> {
+pub(crate) async fn refuse_if_members(config: &Config) -> Result<()> {
     let members = match crate::kafka::OffsetQueries::connect(config) {
         Ok(q) => q.members().await,
         Err(e) => Err(e),

@@ -12,7 +12,7 @@
 //! reject) and `Unavailable` (down, slow, 5xx, a reply it cannot read:
 //! passing trouble, so the record waits; it is never rejected for it).
 
-pub mod wire;
+pub(crate) mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +60,7 @@ pub struct Schema {
 
 /// A subject's version: which id it is, and its schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubjectVersion {
+pub(crate) struct SubjectVersion {
     pub subject: String,
     pub version: i32,
     pub id: u32,
@@ -69,7 +69,7 @@ pub struct SubjectVersion {
 
 /// A registry's answer that is not a schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     /// The registry says it has no such id, subject or version (HTTP 404).
     NotFound(String),
     /// No URL gave an answer to act on: unreachable, timed out, a 5xx, a
@@ -88,7 +88,7 @@ impl std::fmt::Display for Lookup {
 
 /// How one request ended, for the requests metric and the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Ok,
     NotFound,
     /// Another 4xx: the registry refused the request as asked.
@@ -97,7 +97,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
             Outcome::NotFound => "not_found",
@@ -152,11 +152,11 @@ struct ErrorReply {
 }
 
 /// Called once per request with its outcome (the metrics hook).
-pub type OnRequest = Arc<dyn Fn(Outcome) + Send + Sync>;
+pub(crate) type OnRequest = Arc<dyn Fn(Outcome) + Send + Sync>;
 
 /// A client of one registry (one or more URLs serving the same data).
 #[derive(Clone)]
-pub struct Registry {
+pub(crate) struct Registry {
     urls: Arc<Vec<String>>,
     http: reqwest::Client,
     auth: Option<Auth>,
@@ -171,7 +171,7 @@ enum Auth {
 }
 
 impl Registry {
-    pub fn new(settings: &SchemaRegistrySettings) -> Result<Registry> {
+    pub(crate) fn new(settings: &SchemaRegistrySettings) -> Result<Registry> {
         let urls: Vec<String> = settings.urls().into_iter().map(str::to_string).collect();
         if urls.is_empty() {
             return Err(Error::config("schema_registry.url is not set"));
@@ -218,13 +218,13 @@ impl Registry {
     }
 
     /// Reports every request's outcome to `hook`.
-    pub fn on_request(mut self, hook: OnRequest) -> Registry {
+    pub(crate) fn on_request(mut self, hook: OnRequest) -> Registry {
         self.on_request = Some(hook);
         self
     }
 
     /// Counts every request in `graphsink_schema_registry_requests_total`.
-    pub fn metered(self, metrics: Arc<Metrics>) -> Registry {
+    pub(crate) fn metered(self, metrics: Arc<Metrics>) -> Registry {
         self.on_request(Arc::new(move |o| {
             metrics.schema_registry_request(o.as_str())
         }))
@@ -233,7 +233,7 @@ impl Registry {
     /// The schema of `id`, from the cache or the registry. `serialized`
     /// asks for Protobuf's `format=serialized` (falling back to the text
     /// when the registry does not serve it).
-    pub async fn schema(
+    pub(crate) async fn schema(
         &self,
         id: u32,
         serialized: bool,
@@ -248,7 +248,7 @@ impl Registry {
 
     /// The schema of `id` if it is already cached.
     #[cfg(test)]
-    pub fn cached(&self, id: u32, serialized: bool) -> Option<Arc<Schema>> {
+    pub(crate) fn cached(&self, id: u32, serialized: bool) -> Option<Arc<Schema>> {
         use futures::FutureExt;
         self.by_id.get(&(id, serialized)).now_or_never().flatten()
     }
@@ -288,7 +288,7 @@ impl Registry {
 
     /// `schema` with every schema it references fetched, transitively (by
     /// subject and version; each import name once), into `imports`.
-    pub async fn with_imports(
+    pub(crate) async fn with_imports(
         &self,
         schema: Arc<Schema>,
     ) -> std::result::Result<Arc<Schema>, Lookup> {
@@ -311,7 +311,7 @@ impl Registry {
     }
 
     /// `subject`'s version `version` (a number or `latest`).
-    pub async fn version(
+    pub(crate) async fn version(
         &self,
         subject: &str,
         version: &str,

@@ -17,18 +17,18 @@
 #![cfg_attr(not(test), allow(dead_code))]
 
 /// The framing's magic byte.
-pub const MAGIC: u8 = 0;
+pub(crate) const MAGIC: u8 = 0;
 
 /// A framed record: the schema id and what follows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame<'a> {
+pub(crate) struct Frame<'a> {
     pub schema_id: u32,
     pub rest: &'a [u8],
 }
 
 /// Why bytes are not a frame (`bad_framing`), or not message indexes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WireError(pub String);
+pub(crate) struct WireError(pub String);
 
 impl std::fmt::Display for WireError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -37,7 +37,7 @@ impl std::fmt::Display for WireError {
 }
 
 /// Splits the magic byte and schema id off `bytes`.
-pub fn frame(bytes: &[u8]) -> Result<Frame<'_>, WireError> {
+pub(crate) fn frame(bytes: &[u8]) -> Result<Frame<'_>, WireError> {
     match bytes {
         [] => Err(WireError("empty value: no magic byte".into())),
         [m, ..] if *m != MAGIC => Err(WireError(format!(
@@ -68,7 +68,7 @@ pub fn framed(schema_id: u32, payload: &[u8]) -> Vec<u8> {
 /// them. The path of indexes names a message in the schema's file: `[0]`
 /// its first top-level message, `[1, 0]` the first nested message of the
 /// second.
-pub fn message_indexes(rest: &[u8]) -> Result<(Vec<usize>, &[u8]), WireError> {
+pub(crate) fn message_indexes(rest: &[u8]) -> Result<(Vec<usize>, &[u8]), WireError> {
     let (count, mut at) = zigzag(rest, 0)?;
     if count == 0 {
         return Ok((vec![0], &rest[at..]));
@@ -95,7 +95,7 @@ pub fn message_indexes(rest: &[u8]) -> Result<(Vec<usize>, &[u8]), WireError> {
 
 /// Encodes message indexes as `message_indexes` reads them ([0] as the
 /// single byte 0, as Confluent's serializer writes it).
-pub fn encode_message_indexes(path: &[usize]) -> Vec<u8> {
+pub(crate) fn encode_message_indexes(path: &[usize]) -> Vec<u8> {
     let mut out = Vec::new();
     if path == [0] {
         out.push(0);

@@ -137,7 +137,7 @@ struct WalTable {
 /// Runs the four steps against the published head. `live` names the
 /// writers of this process (their own manifest stores trim); without one,
 /// a shard's manifest is trimmed by compare-and-swap at its stored epoch.
-pub async fn collect(
+pub(crate) async fn collect(
     graph: &Graph,
     window: &Window,
     live: &LiveShards,

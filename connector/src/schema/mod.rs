@@ -6,9 +6,9 @@ mod provenance;
 mod tables;
 mod values;
 
-pub use provenance::{Provenance, Source};
-pub use tables::*;
-pub use values::{canonical_ids, row_json};
+pub(crate) use provenance::{Provenance, Source};
+pub(crate) use tables::*;
+pub(crate) use values::{canonical_ids, row_json};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -19,14 +19,14 @@ use omnigraph_compiler::types::ScalarType;
 
 use crate::error::{Error, Result};
 
-pub const ID: &str = "id";
-pub const SRC_TOPIC: &str = "_src_topic";
-pub const SRC_PARTITION: &str = "_src_partition";
-pub const SRC_OFFSET: &str = "_src_offset";
-pub const SRC_TIMESTAMP: &str = "_src_timestamp";
+pub(crate) const ID: &str = "id";
+pub(crate) const SRC_TOPIC: &str = "_src_topic";
+pub(crate) const SRC_PARTITION: &str = "_src_partition";
+pub(crate) const SRC_OFFSET: &str = "_src_offset";
+pub(crate) const SRC_TIMESTAMP: &str = "_src_timestamp";
 
 /// Arrow field metadata that marks Lance's (unenforced) primary key.
-pub const PK_METADATA: &str = "lance-schema:unenforced-primary-key";
+pub(crate) const PK_METADATA: &str = "lance-schema:unenforced-primary-key";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TypeKind {
@@ -330,7 +330,7 @@ fn check_reserved<'a>(path: &str, ty: &str, props: impl Iterator<Item = &'a Stri
     Ok(())
 }
 
-pub fn provenance_fields() -> Vec<Field> {
+pub(crate) fn provenance_fields() -> Vec<Field> {
     vec![
         Field::new(SRC_TOPIC, DataType::Utf8, false),
         Field::new(SRC_PARTITION, DataType::Int32, false),
@@ -344,7 +344,7 @@ pub fn provenance_fields() -> Vec<Field> {
 }
 
 /// Compares column layouts (names, types, nullability), ignoring metadata.
-pub fn same_columns(a: &Schema, b: &Schema) -> std::result::Result<(), String> {
+pub(crate) fn same_columns(a: &Schema, b: &Schema) -> std::result::Result<(), String> {
     if a.fields().len() != b.fields().len() {
         let names = |s: &Schema| {
             s.fields()

@@ -20,7 +20,7 @@ pub struct Source {
 }
 
 /// The provenance columns of one batch, typed.
-pub struct Provenance<'a> {
+pub(crate) struct Provenance<'a> {
     topic: &'a StringArray,
     partition: &'a Int32Array,
     offset: &'a Int64Array,
@@ -29,7 +29,7 @@ pub struct Provenance<'a> {
 
 impl<'a> Provenance<'a> {
     /// The batch's provenance columns; `Corrupt` when one is missing or mistyped.
-    pub fn of(rows: &'a RecordBatch) -> Result<Provenance<'a>> {
+    pub(crate) fn of(rows: &'a RecordBatch) -> Result<Provenance<'a>> {
         Ok(Provenance {
             topic: column(rows, SRC_TOPIC)?,
             partition: column(rows, SRC_PARTITION)?,
@@ -39,12 +39,12 @@ impl<'a> Provenance<'a> {
     }
 
     /// The batch's `_src_partition` column alone (a scan that reads only it).
-    pub fn partitions(rows: &'a RecordBatch) -> Result<&'a Int32Array> {
+    pub(crate) fn partitions(rows: &'a RecordBatch) -> Result<&'a Int32Array> {
         column(rows, SRC_PARTITION)
     }
 
     /// Row `i`'s record, when topic, partition and offset are all set.
-    pub fn source(&self, i: usize) -> Option<Source> {
+    pub(crate) fn source(&self, i: usize) -> Option<Source> {
         let set = self.topic.is_valid(i) && self.partition.is_valid(i) && self.offset.is_valid(i);
         set.then(|| Source {
             topic: self.topic.value(i).to_string(),
@@ -56,7 +56,7 @@ impl<'a> Provenance<'a> {
 
     /// Row `i`'s place in Kafka order within its partition (unset parts
     /// sort first), for "the earliest record wins".
-    pub fn order_key(&self, i: usize) -> (String, i32, i64) {
+    pub(crate) fn order_key(&self, i: usize) -> (String, i32, i64) {
         let topic = if self.topic.is_valid(i) {
             self.topic.value(i)
         } else {

@@ -9,17 +9,17 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use super::{GraphSchema, GraphType, TypeKind, ID, PK_METADATA};
 
 /// The graph's commit log.
-pub const MANIFEST_TABLE: &str = "__manifest";
+pub(crate) const MANIFEST_TABLE: &str = "__manifest";
 /// Its primary key.
-pub const MANIFEST_PK: &str = "object_id";
+pub(crate) const MANIFEST_PK: &str = "object_id";
 /// Table of rejects under the graph root.
-pub const REJECTS_TABLE: &str = "_ingest_rejects";
+pub(crate) const REJECTS_TABLE: &str = "_ingest_rejects";
 /// Its primary key.
-pub const REJECT_ID: &str = "reject_id";
+pub(crate) const REJECT_ID: &str = "reject_id";
 /// Column of `_pending/<Edge>` tables: when the edge was first deferred.
-pub const PENDING_SINCE: &str = "_pending_since";
+pub(crate) const PENDING_SINCE: &str = "_pending_since";
 /// Prefix of the deferred-edge tables.
-pub const PENDING_PREFIX: &str = "_pending/";
+pub(crate) const PENDING_PREFIX: &str = "_pending/";
 
 /// One table of the graph: where it lives, its columns, its primary key.
 #[derive(Debug, Clone)]
@@ -30,7 +30,7 @@ pub struct TableLayout {
 }
 
 /// The table of deferred edges of an edge table (`edges/X` → `_pending/X`).
-pub fn pending_table(edge_table: &str) -> String {
+pub(crate) fn pending_table(edge_table: &str) -> String {
     format!(
         "{PENDING_PREFIX}{}",
         edge_table.trim_start_matches("edges/")
@@ -38,7 +38,7 @@ pub fn pending_table(edge_table: &str) -> String {
 }
 
 /// A pending table's layout: the edge table's plus `_pending_since`.
-pub fn pending_schema(edge: &GraphType) -> SchemaRef {
+pub(crate) fn pending_schema(edge: &GraphType) -> SchemaRef {
     let mut fields: Vec<Field> = edge
         .table_schema
         .fields()
@@ -59,7 +59,7 @@ fn pk_field(name: &str) -> Field {
 }
 
 /// Columns of `_ingest_rejects` (README documents each).
-pub fn rejects_schema() -> SchemaRef {
+pub(crate) fn rejects_schema() -> SchemaRef {
     let ts = utc_millis();
     Arc::new(Schema::new(vec![
         pk_field(REJECT_ID),
@@ -82,7 +82,7 @@ pub fn rejects_schema() -> SchemaRef {
 }
 
 /// Columns of `__manifest`: one row per object (head, commits, table versions).
-pub fn manifest_schema() -> SchemaRef {
+pub(crate) fn manifest_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         pk_field(MANIFEST_PK),
         Field::new("kind", DataType::Utf8, false),

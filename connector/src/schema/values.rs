@@ -8,7 +8,7 @@ use arrow_schema::DataType;
 use crate::error::{Context, Result};
 
 /// One row as a JSON object (for a reject's `row`).
-pub fn row_json(batch: &RecordBatch, i: usize) -> Option<String> {
+pub(crate) fn row_json(batch: &RecordBatch, i: usize) -> Option<String> {
     let mut w = arrow_json::LineDelimitedWriter::new(Vec::new());
     w.write(&batch.slice(i, 1)).ok()?;
     w.finish().ok()?;
@@ -19,7 +19,7 @@ pub fn row_json(batch: &RecordBatch, i: usize) -> Option<String> {
 
 /// `id` from the key parts: the canonical string of a single key, the JSON
 /// array of canonical strings of a composite one.
-pub fn canonical_ids(parts: &[ArrayRef]) -> Result<StringArray> {
+pub(crate) fn canonical_ids(parts: &[ArrayRef]) -> Result<StringArray> {
     let texts: Vec<ArrayRef> = parts
         .iter()
         .map(|p| arrow::compute::cast(p, &DataType::Utf8).ctx("key to text"))

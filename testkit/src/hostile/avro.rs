@@ -11,7 +11,7 @@ use super::{
 };
 
 /// The writer every good record is framed with.
-pub const GOOD_ID: u32 = 1;
+pub(super) const GOOD_ID: u32 = 1;
 const LACKS_REQ: u32 = 3;
 const REQ_BOOL: u32 = 4;
 const A_PROTO: u32 = 5;

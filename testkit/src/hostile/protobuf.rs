@@ -11,7 +11,7 @@ use super::{
 };
 
 /// The schema every good record is framed with.
-pub const GOOD_ID: u32 = 11;
+pub(super) const GOOD_ID: u32 = 11;
 const AN_AVRO: u32 = 12;
 const NOT_PROTO: u32 = 13;
 const LACKS_REQ: u32 = 14;
@@ -26,7 +26,7 @@ const FRAMING: &[&str] = &["bad_framing"];
 /// `u` is an int64 and `ul` a sint64, wider than their properties (U32,
 /// U64), so the decoder's checked conversions are on trial; `deep` (not a
 /// property: the mapping ignores unknown fields) nests without end.
-pub const PROTO: &str = r#"syntax = "proto3";
+pub(super) const PROTO: &str = r#"syntax = "proto3";
 package hostile;
 import "google/protobuf/timestamp.proto";
 enum Color { red = 0; green = 1; blue = 2; }

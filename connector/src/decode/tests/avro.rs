@@ -105,7 +105,7 @@ fn two_writer_versions_land_in_one_batch_in_poll_order() {
             b
         }),
     ];
-    let records: Vec<SourceRecord> = values
+    let records: Vec<SourceRecord<'_>> = values
         .iter()
         .enumerate()
         .map(|(i, v)| rec(i as i64, Some(v)))
@@ -161,7 +161,7 @@ fn each_bad_value_is_one_typed_reject_and_the_rest_land() {
         huge,
         wire::framed(1, &person("z", "Zed", 2)),
     ];
-    let records: Vec<SourceRecord> = values
+    let records: Vec<SourceRecord<'_>> = values
         .iter()
         .enumerate()
         .map(|(i, v)| rec(i as i64, Some(v)))

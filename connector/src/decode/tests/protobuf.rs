@@ -142,7 +142,7 @@ fn bad_values_are_typed_rejects_and_the_rest_land() {
         vec![0, 0],
         good,
     ];
-    let records: Vec<SourceRecord> = values
+    let records: Vec<SourceRecord<'_>> = values
         .iter()
         .enumerate()
         .map(|(i, v)| rec(i as i64, v))

@@ -49,7 +49,7 @@ pub(crate) struct Resolution {
 
 /// Checks one edge table; `None` when the fold does not touch it.
 pub(crate) fn check_edge_table(
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
     ty: &GraphType,
     nodes: &FoldNodes,
     cascaded: Vec<String>,
@@ -92,7 +92,7 @@ pub(crate) struct Constrained {
 
 /// `@card` and `@unique` of the resolved edges and the deletes, over the base.
 fn constrain(
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
     ty: &GraphType,
     ends: &EdgeEnds,
     resolved: Option<RecordBatch>,
@@ -145,7 +145,7 @@ fn constrain(
 /// replaces the older and keeps its first deferral time); explicit deletes
 /// drop their edge.
 pub(crate) fn candidates(
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
     ty: &GraphType,
     new_rows: Option<&RecordBatch>,
     deletes: &[String],
@@ -198,7 +198,7 @@ pub(crate) fn candidates(
 }
 
 /// Whether node `id` of type `node` exists after this fold.
-fn node_exists(ctx: &Ctx, nodes: &FoldNodes, table: &str, id: &str) -> bool {
+fn node_exists(ctx: &Ctx<'_>, nodes: &FoldNodes, table: &str, id: &str) -> bool {
     let added = nodes.added.get(table).is_some_and(|a| a.contains(id));
     let removed = nodes.removed.get(table).is_some_and(|r| r.contains(id));
     added || (ctx.view.has_node(table, id) && !removed)
@@ -207,7 +207,7 @@ fn node_exists(ctx: &Ctx, nodes: &FoldNodes, table: &str, id: &str) -> bool {
 /// Sorts candidates into resolved (both endpoints exist), deferred, and
 /// rejected (`on_missing_endpoint = "reject"`, or past the deadline).
 pub(crate) fn resolve_endpoints(
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
     ty: &GraphType,
     ends: &EdgeEnds,
     policy: TypePolicy,
@@ -291,7 +291,7 @@ pub(crate) fn bound_pending(
 /// The new rows of the edge type's `_pending/` table, when its set changed
 /// (ids or deferral times) or this fold rewrote a deferred edge.
 fn pending_rewrite(
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
     ty: &GraphType,
     deferred: &[Candidate],
 ) -> Result<Option<RecordBatch>> {

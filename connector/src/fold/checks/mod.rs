@@ -127,7 +127,7 @@ impl Rejection {
     }
 
     /// The id of the refused row or delete.
-    pub fn id(&self) -> Result<String> {
+    pub(super) fn id(&self) -> Result<String> {
         match &self.refused {
             Refused::Upsert(r) => str_at(&r.rows, ID, r.index),
             Refused::Delete { id, .. } => Ok(id.clone()),
@@ -137,7 +137,7 @@ impl Rejection {
     /// The reject of fold `commit_id`. Its id is a function of the commit,
     /// the table, the refused row and the code, so a rolled-forward fold
     /// rejects under the same ids.
-    pub fn to_reject(&self, commit_id: &str, created_at: i64) -> Result<Reject> {
+    pub(super) fn to_reject(&self, commit_id: &str, created_at: i64) -> Result<Reject> {
         let id = self.id()?;
         let (what, row, source) = match &self.refused {
             Refused::Upsert(r) => {
@@ -232,7 +232,7 @@ impl Checked {
         self.rejections.extend(refused);
     }
 
-    pub fn decision(&self) -> Result<Decision> {
+    pub(super) fn decision(&self) -> Result<Decision> {
         let ids = |b: Option<&RecordBatch>| -> Result<BTreeSet<String>> {
             Ok(super::rows::id_set(b)?.into_iter().collect())
         };
@@ -296,7 +296,7 @@ pub(crate) struct FoldNodes {
 }
 
 /// Runs every check: node tables, then edge tables.
-pub(crate) fn check(ctx: &Ctx) -> Result<Checked> {
+pub(crate) fn check(ctx: &Ctx<'_>) -> Result<Checked> {
     let mut out = Checked::default();
     let mut nodes = FoldNodes::default();
     for ty in ctx.schema.nodes() {

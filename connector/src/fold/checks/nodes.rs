@@ -33,7 +33,7 @@ pub(crate) struct EdgeKey {
     pub id: String,
 }
 
-pub(crate) fn check_node_table(ctx: &Ctx, ty: &GraphType, r: &Read) -> Result<NodeOutcome> {
+pub(crate) fn check_node_table(ctx: &Ctx<'_>, ty: &GraphType, r: &Read) -> Result<NodeOutcome> {
     let mut out = NodeOutcome::default();
     let mut upserts = r.upserts.clone();
     if let Some(rows) = &r.upserts {
@@ -97,7 +97,7 @@ fn referenced(ty: &GraphType, node_id: &str, edges: &[EdgeKey]) -> Rejection {
 /// Committed edges (in the view) that reference any of `nodes` of type
 /// `node`, minus edges this fold deletes, grouped by node id.
 pub(crate) fn referencing_edges(
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
     node: &GraphType,
     nodes: &[String],
 ) -> Result<BTreeMap<String, Vec<EdgeKey>>> {

@@ -100,7 +100,7 @@ pub(crate) struct Pending {
 
 impl BaseView {
     /// Whether `id` is a committed node of `table` (for ids the fold asked about).
-    pub fn has_node(&self, table: &str, id: &str) -> bool {
+    pub(crate) fn has_node(&self, table: &str, id: &str) -> bool {
         self.node_ids.get(table).is_some_and(|s| s.contains(id))
     }
 }
