@@ -35,13 +35,6 @@ pub enum Error {
     /// the CLI prints each on a line of its own before the error.
     #[error("incompatible graph at {root}: the schema changed in ways graphsink does not apply to an existing graph: {}; keep the graph's schema, or rebuild into a new root (docs/schema-evolution.md)", changes.join("; "))]
     SchemaChanges { root: String, changes: Vec<String> },
-    #[error("cannot decode record {topic}/{partition}@{offset}: {reason}")]
-    Decode {
-        topic: String,
-        partition: i32,
-        offset: i64,
-        reason: String,
-    },
     #[error("shard {shard} of {table} (bucket {bucket}) was fenced: {reason}")]
     Fenced {
         table: String,
@@ -148,7 +141,7 @@ impl Error {
             | Error::Schema { .. }
             | Error::Incompatible { .. }
             | Error::SchemaChanges { .. } => ErrorKind::BadConfig,
-            Error::Decode { .. } | Error::Intolerable { .. } => ErrorKind::BadInput,
+            Error::Intolerable { .. } => ErrorKind::BadInput,
             Error::DeadLetter { .. } | Error::Unassigned { .. } => ErrorKind::Retry,
             Error::Fenced { .. } | Error::ProducerFenced { .. } => ErrorKind::Fenced,
             Error::WalUnavailable { .. } => ErrorKind::Retry,

@@ -202,3 +202,36 @@ fn the_checker_sees_an_upward_import_and_a_circle() {
         Some(vec!["fold".into(), "graph".into(), "fold".into()])
     );
 }
+
+/// docs/ARCHITECTURE.md's layer table lists exactly the modules and layers
+/// of `LAYERS`, so the page a newcomer reads is the rule the test keeps.
+#[test]
+fn the_architecture_page_lists_exactly_these_layers() {
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/ARCHITECTURE.md"
+    ))
+    .expect("docs/ARCHITECTURE.md");
+    let mut listed: BTreeMap<String, u8> = BTreeMap::new();
+    for line in page.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // `| N | `module`, `module` | owns | must not touch |`
+        let (Some(layer), Some(names)) = (
+            cells.get(1).and_then(|c| c.parse::<u8>().ok()),
+            cells.get(2),
+        ) else {
+            continue;
+        };
+        for name in names.split('`').skip(1).step_by(2) {
+            assert!(
+                listed.insert(name.to_string(), layer).is_none(),
+                "{name} is listed twice in docs/ARCHITECTURE.md"
+            );
+        }
+    }
+    let want: BTreeMap<String, u8> = LAYERS.iter().map(|(m, l)| (m.to_string(), *l)).collect();
+    assert_eq!(
+        listed, want,
+        "docs/ARCHITECTURE.md's layer table against LAYERS"
+    );
+}

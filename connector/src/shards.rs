@@ -34,7 +34,8 @@ const SHARD_NAMESPACE: Uuid = Uuid::from_u128(0x6772_6170_6873_696e_6b00_0000_00
 const MANIFEST_SCAN_BATCH: usize = 2;
 
 /// The shard id of `bucket` of `table`: the same on every machine and start,
-/// so a key keeps its shard for life (DESIGN.md invariant 4).
+/// so a key keeps its shard for life (README, Guarantees: one key, one
+/// shard).
 pub fn shard_id(table: &str, bucket: u32) -> Uuid {
     Uuid::new_v5(
         &SHARD_NAMESPACE,

@@ -9,7 +9,8 @@ use crate::config::{KeyOrigin, KeySource, Mapping};
 use crate::error::{Error, Result};
 use crate::schema::{GraphSchema, GraphType};
 
-/// How an edge record's id is made (DESIGN.md invariant 3: never random).
+/// How an edge record's id is made: never random, so a replayed record
+/// upserts the row it made before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum EdgeId {
     /// The Kafka key, verbatim.
