@@ -180,22 +180,55 @@ fn registry_toml(url: &str) -> String {
     format!("[schema_registry]\nurl = \"{url}\"\ntimeout = \"2s\"\n")
 }
 
+/// A graph of `PG` with a Person mapping and a Knows mapping (their
+/// bodies), each on a fresh one-partition topic.
+async fn person_and_knows(
+    registry: &str,
+    backend: Backend,
+    person: &str,
+    knows: &str,
+) -> TestGraph {
+    let tg = TestGraph::on(backend, PG, &[person, knows], &registry_toml(registry));
+    create_topic(&tg.topics[0], 1).await;
+    create_topic(&tg.topics[1], 1).await;
+    tg
+}
+
+/// The codes of the rejects at the head commit, sorted.
+async fn reject_codes(tg: &TestGraph) -> Vec<String> {
+    let mut codes: Vec<String> = rejects_at_head(tg)
+        .await
+        .iter()
+        .map(|r| r["code"].as_str().unwrap().to_string())
+        .collect();
+    codes.sort();
+    codes
+}
+
+/// Knows edges at the head, read by pylance: (src, dst, since).
+async fn knows_rows(tg: &TestGraph) -> Vec<(String, String, Option<i64>)> {
+    pylance_rows(tg, "edges/Knows")
+        .await
+        .values()
+        .map(|r| {
+            let text = |k: &str| r[k].as_str().unwrap().to_string();
+            (text("src"), text("dst"), r["since"].as_i64())
+        })
+        .collect()
+}
+
 /// Nodes (two writer versions) and edges in Avro, every reject code the
 /// registry formats add, and a tombstone, against one registry on one
 /// backend.
 async fn avro_lands_against(registry: &str, backend: Backend) {
-    let tg = TestGraph::on(
+    let tg = person_and_knows(
+        registry,
         backend,
-        PG,
-        &[
-            "node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\"",
-            "edge = \"Knows\"\nformat = \"avro\"",
-        ],
-        &registry_toml(registry),
-    );
+        "node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\"",
+        "edge = \"Knows\"\nformat = \"avro\"",
+    )
+    .await;
     let (people, knows) = (&tg.topics[0], &tg.topics[1]);
-    create_topic(people, 1).await;
-    create_topic(knows, 1).await;
     let v1 = encode(
         registry,
         people,
@@ -271,12 +304,7 @@ async fn avro_lands_against(registry: &str, backend: Backend) {
         (e["src"].as_str(), e["dst"].as_str(), e["since"].as_i64()),
         (Some("ann"), Some("bob"), Some(2020))
     );
-    let mut codes: Vec<String> = rejects_at_head(&tg)
-        .await
-        .iter()
-        .map(|r| r["code"].as_str().unwrap().to_string())
-        .collect();
-    codes.sort();
+    let codes = reject_codes(&tg).await;
     assert_eq!(
         codes,
         [
@@ -409,18 +437,14 @@ async fn a_stopped_registry_holds_its_partition_and_loses_nothing(backend: Backe
 /// schema_mismatch.
 async fn json_schema_lands_against(registry: &str, backend: Backend) {
     let registry = registry.to_string();
-    let tg = TestGraph::on(
+    let tg = person_and_knows(
+        &registry,
         backend,
-        PG,
-        &[
-            "node = \"Person\"\nformat = \"json_schema\"",
-            "edge = \"Knows\"\nformat = \"json_schema\"",
-        ],
-        &registry_toml(&registry),
-    );
+        "node = \"Person\"\nformat = \"json_schema\"",
+        "edge = \"Knows\"\nformat = \"json_schema\"",
+    )
+    .await;
     let (topic, knows) = (&tg.topics[0], &tg.topics[1]);
-    create_topic(topic, 1).await;
-    create_topic(knows, 1).await;
     let edge_schema = r#"{"$schema":"http://json-schema.org/draft-07/schema#","title":"Knows","type":"object",
         "properties":{"src":{"type":"string"},"dst":{"type":"string"},"since":{"type":"integer"}}}"#;
     let edges = encode_as(
@@ -466,25 +490,17 @@ async fn json_schema_lands_against(registry: &str, backend: Backend) {
             .into_iter()
             .collect()
     );
-    let mut codes: Vec<String> = rejects_at_head(&tg)
-        .await
-        .iter()
-        .map(|r| r["code"].as_str().unwrap().to_string())
-        .collect();
-    codes.sort();
+    let codes = reject_codes(&tg).await;
     assert_eq!(codes, ["bad_framing", "schema_mismatch"]);
-    let e = pylance_rows(&tg, "edges/Knows").await;
-    let e: Vec<(&str, &str, Option<i64>)> = e
-        .values()
-        .map(|r| {
-            (
-                r["src"].as_str().unwrap(),
-                r["dst"].as_str().unwrap(),
-                r["since"].as_i64(),
-            )
-        })
-        .collect();
-    assert_eq!(e, [("ann", "bob", edges[0].1["since"].as_i64())]);
+    let e = knows_rows(&tg).await;
+    assert_eq!(
+        e,
+        [(
+            "ann".to_string(),
+            "bob".to_string(),
+            edges[0].1["since"].as_i64()
+        )]
+    );
     // The subject's latest schema is a JSON Schema, which `check` (and so
     // `graphsink run`) takes.
     let out = tg.cli(&["check"], &[]);
@@ -554,18 +570,14 @@ async fn check_refuses_a_subject_that_cannot_resolve_and_warns_on_no_registry() 
 /// and the plain one with the base64 text; the test registry serves it as
 /// registered.
 async fn protobuf_lands_against(registry: &str, backend: Backend) {
-    let tg = TestGraph::on(
+    let tg = person_and_knows(
+        registry,
         backend,
-        PG,
-        &[
-            "node = \"Person\"\nformat = \"protobuf\"\nkey = \"kafka\"",
-            "edge = \"Knows\"\nformat = \"protobuf\"",
-        ],
-        &registry_toml(registry),
-    );
+        "node = \"Person\"\nformat = \"protobuf\"\nkey = \"kafka\"",
+        "edge = \"Knows\"\nformat = \"protobuf\"",
+    )
+    .await;
     let (topic, knows) = (&tg.topics[0], &tg.topics[1]);
-    create_topic(topic, 1).await;
-    create_topic(knows, 1).await;
     let edge_spec = json!({"package": "gs.edges", "messages": [{"name": "Knows", "fields": [
         {"name": "src", "type": "string", "number": 1},
         {"name": "dst", "type": "string", "number": 2},
@@ -625,25 +637,17 @@ async fn protobuf_lands_against(registry: &str, backend: Backend) {
         })
         .collect();
     assert_eq!(got, want, "{rows:?}");
-    let mut codes: Vec<String> = rejects_at_head(&tg)
-        .await
-        .iter()
-        .map(|r| r["code"].as_str().unwrap().to_string())
-        .collect();
-    codes.sort();
+    let codes = reject_codes(&tg).await;
     assert_eq!(codes, ["bad_framing", "malformed_protobuf"]);
-    let e = pylance_rows(&tg, "edges/Knows").await;
-    let e: Vec<(&str, &str, Option<i64>)> = e
-        .values()
-        .map(|r| {
-            (
-                r["src"].as_str().unwrap(),
-                r["dst"].as_str().unwrap(),
-                r["since"].as_i64(),
-            )
-        })
-        .collect();
-    assert_eq!(e, [("ann", "cy", edges[0].1["since"].as_i64())]);
+    let e = knows_rows(&tg).await;
+    assert_eq!(
+        e,
+        [(
+            "ann".to_string(),
+            "cy".to_string(),
+            edges[0].1["since"].as_i64()
+        )]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -668,18 +672,14 @@ async fn protobuf_from_confluents_serializer_lands_through_the_test_registry() {
 /// from the values.
 async fn framed_keys_against(registry: &str, backend: Backend) {
     let registry = registry.to_string();
-    let tg = TestGraph::on(
+    let tg = person_and_knows(
+        &registry,
         backend,
-        PG,
-        &[
-            "node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\"\nkey_format = \"avro\"",
-            "edge = \"Knows\"\nformat = \"avro\"\nkey = \"kafka\"\nkey_format = \"avro\"",
-        ],
-        &registry_toml(&registry),
-    );
+        "node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\"\nkey_format = \"avro\"",
+        "edge = \"Knows\"\nformat = \"avro\"\nkey = \"kafka\"\nkey_format = \"avro\"",
+    )
+    .await;
     let (people, knows) = (&tg.topics[0], &tg.topics[1]);
-    create_topic(people, 1).await;
-    create_topic(knows, 1).await;
     let key = r#""string""#;
     let v1 = encode_keyed(
         &registry,

@@ -13,17 +13,8 @@ import sys
 
 import lance
 
-
-def plain(v):
-    if isinstance(v, bytes):
-        return v.hex()
-    if isinstance(v, dict):
-        return {k: plain(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [plain(x) for x in v]
-    if hasattr(v, "isoformat"):
-        return v.isoformat()
-    return v
+# Confluent's side prints values the same way.
+from sr_encode import plain
 
 
 def main():

@@ -54,6 +54,42 @@ fn rec<'a>(offset: i64, key: Option<&'a str>, value: Option<&'a str>) -> SourceR
     }
 }
 
+/// A registry schema as `learn` takes it (the registry-format tests).
+pub(super) fn learned(schema_type: crate::registry::SchemaType, text: &str) -> Learned {
+    Ok(Arc::new(crate::registry::Schema {
+        schema_type,
+        text: text.to_string(),
+        descriptor: None,
+        references: vec![],
+        imports: vec![],
+    }))
+}
+
+/// A record of raw key and value bytes, on partition 0 of topic `t`.
+pub(super) fn raw<'a>(
+    offset: i64,
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+) -> SourceRecord<'a> {
+    SourceRecord {
+        topic: "t",
+        partition: 0,
+        offset,
+        timestamp: Some(1),
+        key,
+        value,
+        message: None,
+    }
+}
+
+/// Each reject's offset and code, in order.
+pub(super) fn codes(out: &Decoded) -> Vec<(i64, &'static str)> {
+    out.rejects
+        .iter()
+        .map(|r| (r.offset.unwrap(), r.code.as_str()))
+        .collect()
+}
+
 fn ids(b: &RecordBatch) -> Vec<String> {
     let c = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
     c.iter().map(|v| v.unwrap().to_string()).collect()

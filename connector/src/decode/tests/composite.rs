@@ -3,13 +3,12 @@
 //! and in Protobuf, names the row the JSON format's array names; a wrong
 //! number of parts is one `missing_endpoint`.
 
-use std::sync::Arc;
-
 use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value};
 
+use super::codes;
 use crate::decode::{Decoded, RecordDecoder, SourceRecord};
-use crate::registry::{wire, Schema, SchemaType};
+use crate::registry::{wire, SchemaType};
 use crate::schema::GraphSchema;
 
 const PG: &str = r#"
@@ -23,37 +22,13 @@ fn decoder(format: &str, schema_type: SchemaType, text: &str) -> RecordDecoder {
     let m = super::mapping(&format!("topic = 't'\nedge = 'In'\nformat = '{format}'"));
     let mut d = RecordDecoder::new(&s, &m, 100, 1 << 20).unwrap();
     if format != "json" {
-        d.learn(
-            1,
-            Ok(Arc::new(Schema {
-                schema_type,
-                text: text.to_string(),
-                descriptor: None,
-                references: vec![],
-                imports: vec![],
-            })),
-        );
+        d.learn(1, super::learned(schema_type, text));
     }
     d
 }
 
 fn rec(offset: i64, value: &[u8]) -> SourceRecord<'_> {
-    SourceRecord {
-        topic: "t",
-        partition: 0,
-        offset,
-        timestamp: Some(1),
-        key: None,
-        value: Some(value),
-        message: None,
-    }
-}
-
-fn codes(out: &Decoded) -> Vec<(i64, &'static str)> {
-    out.rejects
-        .iter()
-        .map(|r| (r.offset.unwrap(), r.code.as_str()))
-        .collect()
+    super::raw(offset, None, Some(value))
 }
 
 /// The `dst` column: each row's endpoint as its node's canonical id.

@@ -3,14 +3,12 @@
 //! `RecordDecoder::decode`. Each framed key must name the same row a
 //! `json` key of the same parts names.
 
-use std::sync::Arc;
-
 use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value};
 
-use super::ids;
-use crate::decode::{Decoded, RecordDecoder, SourceRecord, Subject};
-use crate::registry::{wire, Schema, SchemaType};
+use super::{codes, ids, learned, raw as rec};
+use crate::decode::{Decoded, RecordDecoder, Subject};
+use crate::registry::{wire, SchemaType};
 use crate::schema::GraphSchema;
 
 const PG: &str = r#"
@@ -28,35 +26,6 @@ fn decoder(m: &str) -> RecordDecoder {
         1 << 20,
     )
     .unwrap()
-}
-
-fn learned(schema_type: SchemaType, text: &str) -> crate::decode::Learned {
-    Ok(Arc::new(Schema {
-        schema_type,
-        text: text.to_string(),
-        descriptor: None,
-        references: vec![],
-        imports: vec![],
-    }))
-}
-
-fn rec<'a>(offset: i64, key: Option<&'a [u8]>, value: Option<&'a [u8]>) -> SourceRecord<'a> {
-    SourceRecord {
-        topic: "t",
-        partition: 0,
-        offset,
-        timestamp: Some(1),
-        key,
-        value,
-        message: None,
-    }
-}
-
-fn codes(out: &Decoded) -> Vec<(i64, &'static str)> {
-    out.rejects
-        .iter()
-        .map(|r| (r.offset.unwrap(), r.code.as_str()))
-        .collect()
 }
 
 /// An Avro string: a zigzag length, then the bytes.
