@@ -96,6 +96,40 @@ pub struct Hostile {
     pub expect: Expect,
 }
 
+/// One format corpus's records as they are made (hostile/avro.rs,
+/// hostile/protobuf.rs): Things with fresh ids of a fixed width (so the
+/// records of a truncation series share one layout), each with a trace
+/// header.
+struct Records {
+    prefix: &'static str,
+    out: Vec<Hostile>,
+}
+
+impl Records {
+    fn new(prefix: &'static str) -> Records {
+        Records {
+            prefix,
+            out: Vec::new(),
+        }
+    }
+
+    fn id(&self) -> String {
+        format!("{}{:05}", self.prefix, self.out.len())
+    }
+
+    fn push(&mut self, name: String, value: Vec<u8>, expect: Expect) {
+        let trace = format!("{}{}", self.prefix, self.out.len()).into_bytes();
+        self.out.push(Hostile {
+            name,
+            feed: Feed::Things,
+            key: None,
+            value: Some(value),
+            headers: vec![("trace".into(), trace)],
+            expect,
+        });
+    }
+}
+
 /// A registry format's hostile corpus: what the registry holds by schema
 /// id, the `[[mapping]]` body (without `topic`) for [`SCHEMA`]'s `Thing`,
 /// and the records, every one of [`Feed::Things`].

@@ -205,6 +205,21 @@ async fn reject_codes(tg: &TestGraph) -> Vec<String> {
     codes
 }
 
+/// Each Person row's age and email, by id.
+fn age_and_email(rows: &BTreeMap<String, Value>) -> BTreeMap<&str, (Value, Value)> {
+    rows.iter()
+        .map(|(id, r)| (id.as_str(), (r["age"].clone(), r["email"].clone())))
+        .collect()
+}
+
+/// The age and email Confluent's deserializer read (an absent field: null).
+fn age_and_email_decoded(d: &Value) -> (Value, Value) {
+    (
+        d["age"].clone(),
+        d.get("email").cloned().unwrap_or(Value::Null),
+    )
+}
+
 /// Knows edges at the head, read by pylance: (src, dst, since).
 async fn knows_rows(tg: &TestGraph) -> Vec<(String, String, Option<i64>)> {
     pylance_rows(tg, "edges/Knows")
@@ -278,17 +293,9 @@ async fn avro_lands_against(registry: &str, backend: Backend) {
 
     try_run_to_end(&tg).await.expect("run");
     let rows = pylance_rows(&tg, "nodes/Person").await;
-    let got: BTreeMap<&str, (Value, Value)> = rows
-        .iter()
-        .map(|(id, r)| (id.as_str(), (r["age"].clone(), r["email"].clone())))
-        .collect();
+    let got = age_and_email(&rows);
     // What Confluent's deserializer read back, last write per key.
-    let decoded = |d: &Value| {
-        (
-            d["age"].clone(),
-            d.get("email").cloned().unwrap_or(Value::Null),
-        )
-    };
+    let decoded = age_and_email_decoded;
     let want: BTreeMap<&str, (Value, Value)> = [
         ("ann", decoded(&v1[0].1)),
         ("bob", decoded(&v2[1].1)),
@@ -718,16 +725,8 @@ async fn framed_keys_against(registry: &str, backend: Backend) {
     try_run_to_end(&tg).await.expect("run");
 
     let rows = pylance_rows(&tg, "nodes/Person").await;
-    let got: BTreeMap<&str, (Value, Value)> = rows
-        .iter()
-        .map(|(id, r)| (id.as_str(), (r["age"].clone(), r["email"].clone())))
-        .collect();
-    let decoded = |d: &Value| {
-        (
-            d["age"].clone(),
-            d.get("email").cloned().unwrap_or(Value::Null),
-        )
-    };
+    let got = age_and_email(&rows);
+    let decoded = age_and_email_decoded;
     let want: BTreeMap<&str, (Value, Value)> = [
         ("ann", decoded(&v1[0].decoded)),
         ("cy", decoded(&v2[0].decoded)),

@@ -6,8 +6,8 @@
 //! counted blocks ending with 0).
 
 use super::{
-    framed, zigzag, Expect, Feed, FormatCorpus, Hostile, Registered, SchemaKind, VARINT_11,
-    VARINT_4G, VARINT_OVER_64, VARINT_U64_MAX,
+    framed, zigzag, Expect, FormatCorpus, Records, Registered, SchemaKind, VARINT_11, VARINT_4G,
+    VARINT_OVER_64, VARINT_U64_MAX,
 };
 
 /// The writer every good record is framed with.
@@ -218,28 +218,24 @@ impl Thing {
     }
 }
 
-struct Corpus {
-    out: Vec<Hostile>,
+/// The corpus as it is made: [`Records`], and this format's ways of making
+/// a bad record from a good one.
+struct Corpus(Records);
+
+impl std::ops::Deref for Corpus {
+    type Target = Records;
+    fn deref(&self) -> &Records {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Corpus {
+    fn deref_mut(&mut self) -> &mut Records {
+        &mut self.0
+    }
 }
 
 impl Corpus {
-    /// A fresh key of fixed width, so the records of a truncation series
-    /// share one layout.
-    fn id(&self) -> String {
-        format!("a{:05}", self.out.len())
-    }
-
-    fn push(&mut self, name: String, value: Vec<u8>, expect: Expect) {
-        self.out.push(Hostile {
-            name,
-            feed: Feed::Things,
-            key: None,
-            value: Some(value),
-            headers: vec![("trace".into(), format!("a{}", self.out.len()).into_bytes())],
-            expect,
-        });
-    }
-
     /// A good Thing (fresh id) with `field` set to `bytes`, framed as GOOD.
     fn field(&mut self, field: &str, what: &str, bytes: Vec<u8>, expect: Expect) {
         self.field_as(GOOD_ID, field, what, bytes, expect);
@@ -260,7 +256,7 @@ impl Corpus {
 
 /// Hundreds of bad Avro records and the good ones around them.
 pub fn avro_corpus() -> FormatCorpus {
-    let mut c = Corpus { out: Vec::new() };
+    let mut c = Corpus(Records::new("a"));
     accepted(&mut c);
     framing(&mut c);
     truncations(&mut c);
@@ -272,7 +268,7 @@ pub fn avro_corpus() -> FormatCorpus {
     FormatCorpus {
         mapping: MAPPING,
         schemas: schemas(),
-        records: c.out,
+        records: c.0.out,
     }
 }
 

@@ -6,7 +6,7 @@
 //! varint, 4 or 8 bytes, or a length and that many bytes).
 
 use super::{
-    framed, varint, zigzag, Expect, Feed, FormatCorpus, Hostile, Registered, SchemaKind, VARINT_11,
+    framed, varint, zigzag, Expect, FormatCorpus, Records, Registered, SchemaKind, VARINT_11,
     VARINT_4G, VARINT_OVER_64, VARINT_U64_MAX,
 };
 
@@ -189,28 +189,24 @@ impl Thing {
     }
 }
 
-struct Corpus {
-    out: Vec<Hostile>,
+/// The corpus as it is made: [`Records`], and this format's ways of making
+/// a bad record from a good one.
+struct Corpus(Records);
+
+impl std::ops::Deref for Corpus {
+    type Target = Records;
+    fn deref(&self) -> &Records {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Corpus {
+    fn deref_mut(&mut self) -> &mut Records {
+        &mut self.0
+    }
 }
 
 impl Corpus {
-    /// A fresh key of fixed width, so the records of a truncation series
-    /// share one layout.
-    fn id(&self) -> String {
-        format!("p{:05}", self.out.len())
-    }
-
-    fn push(&mut self, name: String, value: Vec<u8>, expect: Expect) {
-        self.out.push(Hostile {
-            name,
-            feed: Feed::Things,
-            key: None,
-            value: Some(value),
-            headers: vec![("trace".into(), format!("p{}", self.out.len()).into_bytes())],
-            expect,
-        });
-    }
-
     /// A good Thing (fresh id) with `field` set to `bytes`.
     fn field(&mut self, field: &'static str, what: &str, bytes: Vec<u8>, expect: Expect) {
         let v = Thing::good(&self.id()).set(field, bytes).framed();
@@ -233,7 +229,7 @@ impl Corpus {
 
 /// Hundreds of bad Protobuf records and the good ones around them.
 pub fn protobuf_corpus() -> FormatCorpus {
-    let mut c = Corpus { out: Vec::new() };
+    let mut c = Corpus(Records::new("p"));
     accepted(&mut c);
     framing(&mut c);
     message_indexes(&mut c);
@@ -247,7 +243,7 @@ pub fn protobuf_corpus() -> FormatCorpus {
     FormatCorpus {
         mapping: MAPPING,
         schemas: schemas(),
-        records: c.out,
+        records: c.0.out,
     }
 }
 
