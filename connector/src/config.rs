@@ -68,20 +68,19 @@ impl std::fmt::Debug for Config {
 
 /// The operator's HTTP endpoint (`/metrics`, `/health`, `/ready`).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct HttpSettings {
     /// Where to serve, e.g. `"127.0.0.1:9464"`; unset: no endpoint
     /// (`graphsink run --http ADDR` overrides it).
-    #[serde(default)]
     pub listen: Option<std::net::SocketAddr>,
     /// `/ready` fails once a stall is older than this: the dead-letter
     /// topic retrying, durability not advancing while records wait.
-    #[serde(default = "default_stall_bound", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub stall_bound: Duration,
     /// After the run stops on an error (a fenced writer, exit code 3), the
     /// endpoint keeps serving (`/ready` false, the last metrics) this long
     /// before the process exits, so scrapers and probes see why.
-    #[serde(default = "default_linger", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub linger: Duration,
 }
 
@@ -89,8 +88,8 @@ impl Default for HttpSettings {
     fn default() -> Self {
         HttpSettings {
             listen: None,
-            stall_bound: default_stall_bound(),
-            linger: default_linger(),
+            stall_bound: Duration::from_secs(60),
+            linger: Duration::from_secs(15),
         }
     }
 }
@@ -99,12 +98,11 @@ impl Default for HttpSettings {
 /// registry formats resolve the schema id framed in each record
 /// (docs/formats.md). `Debug` masks the credentials.
 #[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct SchemaRegistrySettings {
     /// Base URLs, comma-separated, tried in turn (e.g.
     /// `"http://registry:8081"`). Required once a mapping uses a registry
     /// format.
-    #[serde(default)]
     pub url: String,
     /// HTTP basic auth as `user:password` (Confluent's `basic.auth.user.info`).
     pub basic_auth_user_info: Option<String>,
@@ -114,11 +112,10 @@ pub struct SchemaRegistrySettings {
     /// beside the system's roots.
     pub ssl_ca_location: Option<PathBuf>,
     /// One request's bound, across connect and reply.
-    #[serde(default = "default_registry_timeout", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub timeout: Duration,
     /// Schemas kept in memory, by id. A record of an id not kept costs one
     /// request (ids are immutable, so a kept schema is never stale).
-    #[serde(default = "default_registry_cache_capacity")]
     pub cache_capacity: u64,
 }
 
@@ -129,8 +126,8 @@ impl Default for SchemaRegistrySettings {
             basic_auth_user_info: None,
             bearer_token: None,
             ssl_ca_location: None,
-            timeout: default_registry_timeout(),
-            cache_capacity: default_registry_cache_capacity(),
+            timeout: Duration::from_secs(10),
+            cache_capacity: 1000,
         }
     }
 }
@@ -147,14 +144,6 @@ impl std::fmt::Debug for SchemaRegistrySettings {
             .field("cache_capacity", &self.cache_capacity)
             .finish()
     }
-}
-
-fn default_registry_timeout() -> Duration {
-    Duration::from_secs(10)
-}
-
-fn default_registry_cache_capacity() -> u64 {
-    1000
 }
 
 impl SchemaRegistrySettings {
@@ -233,7 +222,7 @@ pub struct LogSettings {
 
 /// The process's threads (`graphsink run` only).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RuntimeSettings {
     /// Nice levels (0..=19) by which the async workers and the blocking
     /// pool run below the main thread (capped at nice 19): MemWAL index
@@ -241,20 +230,15 @@ pub struct RuntimeSettings {
     /// (take, decode, put) stays on the main thread at the process's own
     /// priority, so bursts of background work do not keep it from a core
     /// (docs/thread-priority.md). 0 turns it off. Linux only.
-    #[serde(default = "default_background_nice")]
     pub background_nice: i32,
 }
 
 impl Default for RuntimeSettings {
     fn default() -> Self {
         RuntimeSettings {
-            background_nice: default_background_nice(),
+            background_nice: 10,
         }
     }
-}
-
-fn default_background_nice() -> i32 {
-    10
 }
 
 impl RuntimeSettings {
@@ -346,39 +330,32 @@ impl std::fmt::Debug for StorageOptions {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct WalSettings {
     /// How a record finds its shard (docs/scale-out.md). Fixed at graph
     /// creation, like N.
-    #[serde(default)]
     pub sharding: Sharding,
     /// Default buckets N per type (`bucket(id, N)`), 1..=1024. Fixed at
     /// init. Refused under `sharding = "partition"`, where N is the
     /// partition count of the type's topics.
-    #[serde(default)]
     pub buckets: Option<u32>,
     /// Under `sharding = "partition"`: the producers' partitioner, when
     /// known. Each keyed record is then checked to sit on the partition
     /// its key hashes to (`wrong_partition`), which catches a producer
     /// with another partitioner, or a resized topic, record by record.
-    #[serde(default)]
     pub partitioner: Option<Partitioner>,
     /// Longest time a put waits for its WAL entry; bounds durable-ack latency.
-    #[serde(default = "default_flush_interval", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub flush_interval: Duration,
     /// A memtable freezes (and flushes to a generation) past this many rows.
-    #[serde(default = "default_memtable_rows")]
     pub max_memtable_rows: usize,
     /// ... or past this many bytes.
-    #[serde(default = "default_memtable_bytes")]
     pub max_memtable_bytes: usize,
     /// Polls whose durability is still pending before the consumer stops
     /// fetching (backpressure).
-    #[serde(default = "default_max_in_flight")]
     pub max_in_flight_polls: usize,
     /// Most records taken from the consumer into one poll batch (one
     /// Arrow batch per mapping, one put per shard).
-    #[serde(default = "default_poll_records")]
     pub max_poll_records: usize,
 }
 
@@ -421,44 +398,40 @@ pub enum Partitioner {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct FoldSettings {
     /// Fold at least this often while records are pending. `0s` disables the timer.
-    #[serde(default = "default_fold_interval", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub interval: Duration,
     /// Fold early once this many rows were written since the last fold.
-    #[serde(default = "default_fold_rows")]
     pub max_pending_rows: u64,
     /// Fold early once this many value bytes were written since the last fold.
-    #[serde(default = "default_fold_bytes")]
     pub max_pending_bytes: u64,
     /// Fold once more on a graceful shutdown.
-    #[serde(default = "default_true")]
     pub on_shutdown: bool,
     /// Most ids the fold keeps in memory (over all tables), each with its
     /// row's address, to check edge endpoints and to replace rows without
     /// scanning the tables' keys: ~28–55 bytes each. A table past it is
     /// scanned at every fold that needs it instead.
-    #[serde(default = "default_known_ids_max")]
     pub known_ids_max: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct OffsetSettings {
     /// How often durable watermarks are committed to the consumer group.
-    #[serde(default = "default_commit_interval", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub commit_interval: Duration,
     /// How long a member may hold no partition while its topics have lag
     /// and nobody advances their committed offsets, before it rejoins the
     /// group (and, a second time, exits). Unset: twice `session.timeout.ms`.
-    #[serde(default, with = "humantime_serde::option")]
+    #[serde(with = "humantime_serde::option")]
     pub stall_timeout: Option<Duration>,
     /// `run --exit-at-end` also waits until nothing was fetched for this
     /// long. Apache Kafka reports a partition's end exactly, so the default
     /// is none; a broker whose high watermark can read low while producers
     /// batch (tansu 0.6) needs about a second (docs/kafka.md).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub exit_at_end_quiet: Duration,
 }
 
@@ -466,54 +439,46 @@ pub struct OffsetSettings {
 /// commit stays readable while it is one of the `keep_commits` newest or
 /// younger than `keep_for` (the union); the head always is.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetentionSettings {
     /// Whether the fold loop collects garbage. `graphsink gc` runs either way.
-    #[serde(default = "default_true")]
     pub enabled: bool,
     /// The fold loop collects after a publish at most this often; `0s`:
     /// after every publish.
-    #[serde(default = "default_retention_interval", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub interval: Duration,
     /// The newest graph commits that stay readable (1: the head only).
-    #[serde(default = "default_keep_commits")]
     pub keep_commits: usize,
     /// Graph commits younger than this stay readable, however many.
-    #[serde(default = "default_keep_for", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub keep_for: Duration,
 }
 
 /// What happens to records that cannot be ingested (Kafka Connect's terms).
 /// `Debug` masks secret producer properties.
 #[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ErrorSettings {
     /// `all`: route rejects to `_ingest_rejects` and the dead-letter topic
     /// and go on. `none`: stop at the first reject, committing nothing past it.
-    #[serde(default)]
     pub tolerance: Tolerance,
     /// Dead-letter topic of every mapping that names none. Created at start
     /// if missing.
-    #[serde(default = "default_dlq")]
     pub dead_letter_topic: String,
     /// Values larger than this are rejected as `oversized`.
-    #[serde(default = "default_max_record_bytes")]
     pub max_record_bytes: usize,
     /// Deferred edges (missing endpoints) kept across folds, over all edge
     /// types; past it the oldest are rejected as `pending_overflow`.
-    #[serde(default = "default_max_pending_edges")]
     pub max_pending_edges: usize,
     /// Reject-rate breaker: past this many rejects in a minute, stop
     /// fetching for `breaker_pause` and log an error. 0 disables it.
-    #[serde(default)]
     pub max_rejects_per_minute: u64,
-    #[serde(default = "default_breaker_pause", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub breaker_pause: Duration,
     /// librdkafka properties of the dead-letter producer, over the
     /// connection properties copied from `[kafka]`. A `transactional.id`
     /// here names the fold-reject producer's (see `dead_letter_transactions`);
     /// record rejects never use it.
-    #[serde(default)]
     pub producer: BTreeMap<String, String>,
     /// Fold rejects go to the dead-letter topic in Kafka transactions, so a
     /// `read_committed` consumer sees each `reject_id` exactly once whatever
@@ -521,7 +486,6 @@ pub struct ErrorSettings {
     /// Off, or on a broker without transactions (said once, loudly), a
     /// folder reads the topic back before producing instead: exactly once
     /// across crashes, at least once across a frozen folder's late produce.
-    #[serde(default = "default_true")]
     pub dead_letter_transactions: bool,
 }
 
@@ -1083,14 +1047,14 @@ impl Config {
 
     /// Buckets N of a type no mapping overrides.
     pub fn buckets_for_type(&self) -> u32 {
-        self.wal.buckets.unwrap_or_else(default_buckets)
+        self.wal.buckets.unwrap_or(DEFAULT_BUCKETS)
     }
 
     pub fn buckets_for(&self, mapping: &Mapping) -> u32 {
         mapping
             .buckets
             .or(self.wal.buckets)
-            .unwrap_or_else(default_buckets)
+            .unwrap_or(DEFAULT_BUCKETS)
     }
 
     /// The mappings feeding a graph type.
@@ -1209,89 +1173,26 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn default_stall_bound() -> Duration {
-    Duration::from_secs(60)
-}
-fn default_linger() -> Duration {
-    Duration::from_secs(15)
-}
+/// Buckets N per type when `wal.buckets` is unset (bucket sharding).
+const DEFAULT_BUCKETS: u32 = 4;
+
 fn default_storage_backoff() -> Duration {
     Duration::from_secs(10)
 }
 fn default_actor() -> String {
     "graphsink".into()
 }
-fn default_buckets() -> u32 {
-    4
-}
-fn default_flush_interval() -> Duration {
-    Duration::from_millis(20)
-}
-fn default_memtable_rows() -> usize {
-    100_000
-}
-fn default_memtable_bytes() -> usize {
-    64 * 1024 * 1024
-}
-fn default_max_in_flight() -> usize {
-    16
-}
-/// 10,000 rather than 5,000: at ~100 B, +14 % throughput (BENCHMARKS.md,
-/// "Larger polls"), with no change in peak RSS; fewer, larger puts and
-/// decodes per record.
-fn default_poll_records() -> usize {
-    10_000
-}
-fn default_fold_interval() -> Duration {
-    Duration::from_secs(5)
-}
-fn default_fold_rows() -> u64 {
-    200_000
-}
-fn default_known_ids_max() -> usize {
-    16_000_000
-}
-fn default_fold_bytes() -> u64 {
-    128 * 1024 * 1024
-}
-fn default_dlq() -> String {
-    "graphsink-dead-letters".into()
-}
-fn default_max_record_bytes() -> usize {
-    1_000_000
-}
-fn default_max_pending_edges() -> usize {
-    1_000_000
-}
-fn default_breaker_pause() -> Duration {
-    Duration::from_secs(60)
-}
 fn default_endpoint_deadline() -> Duration {
     Duration::from_secs(600)
-}
-fn default_true() -> bool {
-    true
-}
-fn default_commit_interval() -> Duration {
-    Duration::from_secs(1)
-}
-fn default_retention_interval() -> Duration {
-    Duration::from_secs(60)
-}
-fn default_keep_commits() -> usize {
-    10
-}
-fn default_keep_for() -> Duration {
-    Duration::from_secs(3600)
 }
 
 impl Default for RetentionSettings {
     fn default() -> Self {
         Self {
             enabled: true,
-            interval: default_retention_interval(),
-            keep_commits: default_keep_commits(),
-            keep_for: default_keep_for(),
+            interval: Duration::from_secs(60),
+            keep_commits: 10,
+            keep_for: Duration::from_secs(3600),
         }
     }
 }
@@ -1302,11 +1203,13 @@ impl Default for WalSettings {
             sharding: Sharding::default(),
             buckets: None,
             partitioner: None,
-            flush_interval: default_flush_interval(),
-            max_memtable_rows: default_memtable_rows(),
-            max_memtable_bytes: default_memtable_bytes(),
-            max_in_flight_polls: default_max_in_flight(),
-            max_poll_records: default_poll_records(),
+            flush_interval: Duration::from_millis(20),
+            max_memtable_rows: 100_000,
+            max_memtable_bytes: 64 * 1024 * 1024,
+            max_in_flight_polls: 16,
+            // 10,000 rather than 5,000: at ~100 B, +14 % throughput
+            // (BENCHMARKS.md, "Larger polls"), with no change in peak RSS.
+            max_poll_records: 10_000,
         }
     }
 }
@@ -1314,11 +1217,11 @@ impl Default for WalSettings {
 impl Default for FoldSettings {
     fn default() -> Self {
         Self {
-            interval: default_fold_interval(),
-            max_pending_rows: default_fold_rows(),
-            max_pending_bytes: default_fold_bytes(),
+            interval: Duration::from_secs(5),
+            max_pending_rows: 200_000,
+            max_pending_bytes: 128 * 1024 * 1024,
             on_shutdown: true,
-            known_ids_max: default_known_ids_max(),
+            known_ids_max: 16_000_000,
         }
     }
 }
@@ -1327,11 +1230,11 @@ impl Default for ErrorSettings {
     fn default() -> Self {
         Self {
             tolerance: Tolerance::All,
-            dead_letter_topic: default_dlq(),
-            max_record_bytes: default_max_record_bytes(),
-            max_pending_edges: default_max_pending_edges(),
+            dead_letter_topic: "graphsink-dead-letters".into(),
+            max_record_bytes: 1_000_000,
+            max_pending_edges: 1_000_000,
             max_rejects_per_minute: 0,
-            breaker_pause: default_breaker_pause(),
+            breaker_pause: Duration::from_secs(60),
             producer: BTreeMap::new(),
             dead_letter_transactions: true,
         }
@@ -1341,7 +1244,7 @@ impl Default for ErrorSettings {
 impl Default for OffsetSettings {
     fn default() -> Self {
         Self {
-            commit_interval: default_commit_interval(),
+            commit_interval: Duration::from_secs(1),
             stall_timeout: None,
             exit_at_end_quiet: Duration::ZERO,
         }
@@ -1351,6 +1254,56 @@ impl Default for OffsetSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each section's defaults live in one place, its `impl Default`: a
+    /// config that omits the section, and one that names it empty, both
+    /// read as exactly that.
+    #[test]
+    fn an_omitted_or_empty_section_is_its_default() {
+        let dir = std::path::Path::new(".");
+        let sections = [
+            "wal",
+            "fold",
+            "offsets",
+            "errors",
+            "retention",
+            "http",
+            "log",
+            "runtime",
+            "schema_registry",
+        ];
+        let empty = sections
+            .iter()
+            .fold(MIN.to_string(), |t, s| format!("{t}\n[{s}]\n"));
+        for text in [MIN.to_string(), empty] {
+            let c = Config::from_toml(&text, dir).unwrap();
+            let got = format!(
+                "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+                c.wal,
+                c.fold,
+                c.offsets,
+                c.errors,
+                c.retention,
+                c.http,
+                c.log,
+                c.runtime,
+                c.schema_registry
+            );
+            let want = format!(
+                "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+                WalSettings::default(),
+                FoldSettings::default(),
+                OffsetSettings::default(),
+                ErrorSettings::default(),
+                RetentionSettings::default(),
+                HttpSettings::default(),
+                LogSettings::default(),
+                RuntimeSettings::default(),
+                SchemaRegistrySettings::default()
+            );
+            assert_eq!(got, want, "{text}");
+        }
+    }
 
     const MIN: &str = r#"
 [graph]
