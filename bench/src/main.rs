@@ -998,7 +998,7 @@ mod tests {
             let e = w.iter().filter(|(k, _)| *k == workload::Kind::Edge).count();
             assert_eq!(e, 3);
         }
-        let (_, v) = workload::edge_record(shape, 1, 5);
+        let v = workload::edge_fields(shape, 1, 5).1.json();
         let v: serde_json::Value = serde_json::from_str(&v).unwrap();
         assert!(v["src"].as_str().unwrap().starts_with('k'));
         assert_eq!(workload::node_record(shape, 1, 5).1.len(), 100);

@@ -193,12 +193,6 @@ pub fn edge_fields(shape: Shape, seed: u64, m: u64) -> (String, Fields) {
     (id, Fields::Edge { src, dst, seq, pad })
 }
 
-/// Edge record `m`'s key and JSON value.
-pub fn edge_record(shape: Shape, seed: u64, m: u64) -> (String, String) {
-    let (k, f) = edge_fields(shape, seed, m);
-    (k, f.json())
-}
-
 /// Record `i` of a stream: its kind, key and fields.
 pub fn record_fields(shape: Shape, seed: u64, i: u64) -> (Kind, String, Fields) {
     match kind_of(shape, i) {
