@@ -261,7 +261,11 @@ impl Report {
     /// The part below the throughput table: ratios, latency, fold, counts.
     fn print_ratios_and_latency(&self) {
         println!("ratio graphsink/bare    {:.3}", self.ratio_graphsink_bare);
-        println!("ratio graphsink/direct  {:.3}", self.ratio_graphsink_direct);
+        if self.direct_records_per_s > 0.0 {
+            println!("ratio graphsink/direct  {:.3}", self.ratio_graphsink_direct);
+        } else {
+            println!("ratio graphsink/direct  n/a (the direct load was not run)");
+        }
         println!("durable-ack latency     {}", lat(&self.durable_ack_latency));
         println!(
             "graph-visible latency   {}",
