@@ -13,6 +13,7 @@
 
 mod baselines;
 mod broker;
+mod formats;
 mod history;
 mod measure;
 mod report;
@@ -57,6 +58,13 @@ struct Args {
     /// Approximate JSON value size in bytes (a padded string property).
     #[arg(long, default_value_t = 100)]
     value_bytes: usize,
+    /// The values' format: `json` (plain JSON, as always), or `avro` or
+    /// `protobuf` in the Confluent wire format, with the schemas registered
+    /// in the testkit's in-process registry. The same records' fields and
+    /// values in each; the direct-load baseline reads JSON only and is
+    /// skipped for the others.
+    #[arg(long, value_enum, default_value_t = formats::Format::Json)]
+    format: formats::Format,
     /// Fraction of the records that are edges (`Link: Item -> Item`, on a
     /// second topic, endpoints drawn from the backlog's node records); 0
     /// produces node records only.
@@ -379,10 +387,14 @@ async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
     let backlog = {
         let (bs, topics, shape) = (run.t.bootstrap.clone(), run.t.topics.clone(), run.shape);
         let n = a.records;
-        tokio::task::spawn_blocking(move || workload::produce_backlog(&bs, &topics, shape, n))
-            .await??
+        let codec = formats::Codec::of(&run.t.values)?;
+        tokio::task::spawn_blocking(move || {
+            workload::produce_backlog(&bs, &topics, shape, n, &codec)
+        })
+        .await??
     };
     r.produce_records_per_s = backlog.records_per_s;
+    r.value_bytes_mean = backlog.value_bytes_mean;
     // Every phase stops at these ends, taken from the broker's acks, and
     // must have consumed exactly this many records.
     let ends = backlog.ends.clone();
@@ -404,7 +416,9 @@ async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxError> {
         r.broker_cpu("latency (paced)", &cpu);
     }
     r.ratio_graphsink_bare = r.graphsink_records_per_s / r.bare_records_per_s;
-    r.ratio_graphsink_direct = r.graphsink_records_per_s / r.direct_records_per_s;
+    if r.direct_records_per_s > 0.0 {
+        r.ratio_graphsink_direct = r.graphsink_records_per_s / r.direct_records_per_s;
+    }
     if let Some(s) = s3r.as_mut() {
         s.ratio_bare = s.records_per_s / r.bare_records_per_s;
         s.ratio_local = s.records_per_s / r.graphsink_records_per_s;
@@ -428,6 +442,9 @@ struct Run {
     broker_pid: Option<u32>,
     /// Which broker ran it, for the report.
     broker_describe: String,
+    /// The registry the registry formats' schemas are in (served by this
+    /// process's thread, so children reach it for as long as the run).
+    _registry: Option<graphsink_testkit::TestRegistry>,
 }
 
 impl Run {
@@ -448,7 +465,7 @@ impl Run {
         if a.fetch_wait_ms > 0 && !consumer_props.iter().any(|(k, _)| k == "fetch.wait.max.ms") {
             consumer_props.push(("fetch.wait.max.ms".into(), a.fetch_wait_ms.to_string()));
         }
-        let t = Target {
+        let mut t = Target {
             bootstrap: broker.bootstrap.clone(),
             topics: workload::Topics {
                 nodes: format!("bench-items-{run_id}"),
@@ -461,6 +478,21 @@ impl Run {
             commit_every: Duration::from_millis(a.commit_interval_ms.max(1)),
             wal_flush: Duration::from_millis(a.wal_flush_ms.max(1)),
             coerce: a.coerce.clone(),
+            values: formats::Values::json(),
+        };
+        if a.format != formats::Format::Json && a.bad_fraction > 0.0 {
+            return Err(
+                "--bad-fraction needs --format json (its `seq: \"x\"` is JSON only)".into(),
+            );
+        }
+        let registry = match a.format {
+            formats::Format::Json => None,
+            f => {
+                let reg = graphsink_testkit::TestRegistry::start()?;
+                t.values =
+                    formats::Values::register(f, &reg, &t.topics.nodes, t.topics.edges.as_deref());
+                Some(reg)
+            }
         };
         let mut shape = Shape {
             keys: a.keys.unwrap_or((a.records / 2).max(1)),
@@ -492,6 +524,7 @@ impl Run {
             every: Duration::from_millis(a.sample_ms),
             broker_pid: broker.pid(),
             broker_describe: broker.describe.clone(),
+            _registry: registry,
         })
     }
 
@@ -528,7 +561,7 @@ impl Run {
             workload: serde_json::json!({
                 "records": a.records, "node_records": self.nodes, "edge_records": self.edges,
                 "keys": shape.keys, "edge_keys": if self.has_edges() { shape.edge_keys } else { 0 },
-                "value_bytes": a.value_bytes,
+                "value_bytes": a.value_bytes, "format": a.format,
                 "partitions": a.partitions, "buckets": a.buckets, "fold_interval": a.fold_interval,
                 "direct_batch": a.direct_batch, "commit_interval_ms": a.commit_interval_ms, "wal_flush_ms": a.wal_flush_ms, "background_nice": a.background_nice,
                 "consumer_props": t.consumer_props, "dead_letter_props": t.dead_letter_props, "wal_props": t.wal_props, "coerce": t.coerce, "bad_fraction": a.bad_fraction, "latency_rate": a.latency_rate, "latency_secs": a.latency_secs,
@@ -598,6 +631,11 @@ impl Run {
         r.bare_records_per_s = bare.rate();
         r.bare_peak_rss_mib = measure::peak_rss_mib();
 
+        if a.format != formats::Format::Json {
+            r.notes
+                .push("direct load not run: it reads JSON values only".into());
+            return Ok(());
+        }
         eprintln!("(b) direct load ...");
         measure::reset_peak_rss();
         let cpu = crate::s3::SelfCpu::of(self.broker_pid);
@@ -640,6 +678,8 @@ impl Run {
         r.graphsink_start_rss_mib = gs.start_rss_mib;
         r.graphsink_own_process = !a.in_process;
         r.graphsink_run_loop = gs.run_loop.clone();
+        // Over every record the run loop decoded (the first poll too).
+        r.decode_us_per_record = gs.run_loop.decode_secs * 1e6 / gs.records.max(1) as f64;
         self.expected_rows(a, r);
         r.graph_rows = check_rows(&cfg, "", r).await?;
         r.counted("graphsink", gs.records, a.records);
@@ -875,8 +915,23 @@ mod tests {
     /// what was measured, never how fast.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_small_mixed_run_counts_every_record_in_every_phase() {
+        small_mixed_run("json").await;
+    }
+
+    /// The same run with Avro and with Protobuf values: graphsink reads
+    /// every record the bench's encoders framed (backlog, primers, paced)
+    /// into the same rows. One test, so the two brokers run one at a time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn registry_formats_count_every_record_in_every_phase() {
+        small_mixed_run("avro").await;
+        small_mixed_run("protobuf").await;
+    }
+
+    async fn small_mixed_run(format: &str) {
         let mut argv = vec![
             "graphsink-bench",
+            "--format",
+            format,
             "--records",
             "4000",
             "--edge-fraction",
@@ -909,6 +964,8 @@ mod tests {
         assert_eq!(r.graph_visible_unseen, 0);
         assert!(r.bare_durable_ack_latency.is_some());
         assert!(r.fold_rows == 4000 && r.fold_upserted > 0);
+        assert_eq!(r.graphsink_run_loop.rejected, 0, "{format}");
+        assert!(r.decode_us_per_record > 0.0);
     }
 
     #[test]
@@ -941,7 +998,7 @@ mod tests {
             let e = w.iter().filter(|(k, _)| *k == workload::Kind::Edge).count();
             assert_eq!(e, 3);
         }
-        let (_, v) = workload::edge_record(shape, 1, 5);
+        let v = workload::edge_fields(shape, 1, 5).1.json();
         let v: serde_json::Value = serde_json::from_str(&v).unwrap();
         assert!(v["src"].as_str().unwrap().starts_with('k'));
         assert_eq!(workload::node_record(shape, 1, 5).1.len(), 100);

@@ -49,6 +49,9 @@ pub struct Target {
     pub wal_flush: std::time::Duration,
     /// The mappings' `coerce` ("strict" checks numbers in the value screen).
     pub coerce: String,
+    /// The values' format (`--format`) and, for the registry formats, the
+    /// registry and the schema ids the producers frame with.
+    pub values: crate::formats::Values,
 }
 
 /// (time ms, committed offset per slot), in time order.
@@ -294,6 +297,12 @@ pub fn graphsink_config(
     fold: &str,
 ) -> Result<graphsink::Config, BoxError> {
     std::fs::write(dir.join("bench.pg"), crate::workload::SCHEMA)?;
+    // Only the registry formats name theirs: a JSON run's config is the
+    // one the bench always wrote.
+    let format = match t.values.format {
+        crate::formats::Format::Json => String::new(),
+        f => format!("format = \"{}\"\n", f.config_name()),
+    };
     let text = format!(
         r#"
 [graph]
@@ -321,13 +330,13 @@ commit_interval = "{commit_ms}ms"
 
 [errors.producer]
 {dead_letter}
-
+{registry}
 [[mapping]]
 topic = "{topic}"
 node = "{node}"
 key = "value"
 coerce = "{coerce}"
-{edges}
+{format}{edges}
 "#,
         root = root.uri,
         storage = root.storage_toml,
@@ -339,9 +348,13 @@ coerce = "{coerce}"
         // Edge ids are the Kafka key; endpoints that are not folded yet wait
         // (the default `defer`), as in production.
         edges = t.topics.edges.as_ref().map_or(String::new(), |e| format!(
-            "[[mapping]]\ntopic = \"{e}\"\nedge = \"{}\"\nkey = \"kafka\"\ncoerce = \"{}\"\n",
+            "[[mapping]]\ntopic = \"{e}\"\nedge = \"{}\"\nkey = \"kafka\"\ncoerce = \"{}\"\n{format}",
             crate::workload::EDGE,
-            t.coerce
+            t.coerce,
+        )),
+        format = format,
+        registry = t.values.registry_url.as_ref().map_or(String::new(), |u| format!(
+            "[schema_registry]\nurl = \"{u}\"\n"
         )),
         coerce = t.coerce,
         wal_extra = t

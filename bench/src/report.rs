@@ -29,6 +29,13 @@ pub struct Report {
     pub broker: String,
     pub workload: serde_json::Value,
     pub produce_records_per_s: f64,
+    /// Mean value size as produced (JSON text, or the framed Avro or
+    /// Protobuf bytes).
+    pub value_bytes_mean: f64,
+    /// graphsink's run loop's decode time (`RecordDecoder::decode` of every
+    /// poll: the format, rows, checks, last write wins) per record, wall
+    /// clock on the run loop's thread.
+    pub decode_us_per_record: f64,
     pub graphsink_records_per_s: f64,
     pub graphsink_secs: f64,
     pub graphsink_timed_records: u64,
@@ -178,11 +185,18 @@ impl Report {
             self.bare_records_per_s,
             self.bare_peak_rss_mib,
         );
-        row(
-            "(b) direct load (Lance, no WAL)",
-            self.direct_records_per_s,
-            self.direct_peak_rss_mib,
-        );
+        if self.direct_records_per_s > 0.0 {
+            row(
+                "(b) direct load (Lance, no WAL)",
+                self.direct_records_per_s,
+                self.direct_peak_rss_mib,
+            );
+        } else {
+            println!(
+                "{:<34} {:>14}",
+                "(b) direct load (Lance, no WAL)", "not run"
+            );
+        }
         row(
             "graphsink end to end (durable)",
             self.graphsink_records_per_s,
@@ -207,6 +221,10 @@ impl Report {
         println!(
             "  (run loop: {} polls of {:.0} records; in polls {:.2} s, of which take {:.2} s, decode {:.2} s, puts {:.2} s, rejects {:.2} s; window full {:.2} s, freeze cuts {:.2} s; {} rejected)",
             l.polls, l.records_per_poll, l.poll_secs, l.take_secs, l.decode_secs, l.put_secs, l.reject_secs, l.window_full_secs, l.cut_secs, l.rejected
+        );
+        println!(
+            "  (decode {:.3} µs/record; values {:.1} bytes on average as produced)",
+            self.decode_us_per_record, self.value_bytes_mean
         );
         println!(
             "  (first fetch → last poll durable {:.3} s, → all offsets committed {:.3} s: {:.0} ms waiting for the commit)",
@@ -243,7 +261,11 @@ impl Report {
     /// The part below the throughput table: ratios, latency, fold, counts.
     fn print_ratios_and_latency(&self) {
         println!("ratio graphsink/bare    {:.3}", self.ratio_graphsink_bare);
-        println!("ratio graphsink/direct  {:.3}", self.ratio_graphsink_direct);
+        if self.direct_records_per_s > 0.0 {
+            println!("ratio graphsink/direct  {:.3}", self.ratio_graphsink_direct);
+        } else {
+            println!("ratio graphsink/direct  n/a (the direct load was not run)");
+        }
         println!("durable-ack latency     {}", lat(&self.durable_ack_latency));
         println!(
             "graph-visible latency   {}",

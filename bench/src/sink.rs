@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use graphsink::{Config, RunOptions, RunStats};
 
 use crate::broker::BoxError;
+use crate::formats::Codec;
 use crate::measure::{self, CommitSampler, Target};
 use crate::threads::{GroupCpu, ThreadCpu};
 use crate::workload::{self, Shape};
@@ -240,8 +241,11 @@ pub async fn live(
     // the join time does not land in the first records' latency.
     {
         let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
-        tokio::task::spawn_blocking(move || workload::produce_one(&bs, &topics, shape, 0xbeef))
-            .await??;
+        let codec = Codec::of(&t.values)?;
+        tokio::task::spawn_blocking(move || {
+            workload::produce_one(&bs, &topics, shape, 0xbeef, &codec)
+        })
+        .await??;
     }
     let deadline = Instant::now() + Duration::from_secs(90 + catch_up / 1000);
     while stats.durable.load(Ordering::Relaxed) < catch_up + 1 {
@@ -372,8 +376,9 @@ async fn paced(
     seed: u64,
 ) -> Result<workload::Paced, BoxError> {
     let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
+    let codec = Codec::of(&t.values)?;
     tokio::task::spawn_blocking(move || {
-        workload::produce_paced(&bs, &topics, shape, rate, secs, seed)
+        workload::produce_paced(&bs, &topics, shape, rate, secs, seed, &codec)
     })
     .await?
 }
@@ -403,8 +408,11 @@ pub async fn bare_live(
     });
     {
         let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
-        tokio::task::spawn_blocking(move || workload::produce_one(&bs, &topics, shape, 0xbee2))
-            .await??;
+        let codec = Codec::of(&t.values)?;
+        tokio::task::spawn_blocking(move || {
+            workload::produce_one(&bs, &topics, shape, 0xbee2, &codec)
+        })
+        .await??;
     }
     // Counted, not read off the high watermarks (too small on tansu when
     // producers batch).

@@ -13,6 +13,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::ClientContext;
 
 use crate::broker::BoxError;
+use crate::formats::Codec;
 
 /// The graph schema the bench writes: one node type keyed by `sku`, and one
 /// edge type between its nodes. `pad` carries the bulk of `--value-bytes`.
@@ -96,23 +97,81 @@ fn sku(shape: Shape, seed: u64, n: u64) -> String {
     format!("k{:010}", mix(seed, n) % shape.keys.max(1))
 }
 
-fn padded(head: String, value_bytes: usize) -> String {
-    let pad = value_bytes.saturating_sub(head.len() + 2);
-    format!("{head}{}\"}}", "x".repeat(pad))
+fn pad_for(head: &str, value_bytes: usize) -> String {
+    "x".repeat(value_bytes.saturating_sub(head.len() + 2))
 }
 
-/// Node record `n`'s key and JSON value. Keys are drawn pseudo-randomly from
+/// One record's fields, before the run's format encodes them: every format
+/// carries the same values (the pad is sized so the JSON value is about
+/// `--value-bytes`; the binary formats are smaller for the same fields).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fields {
+    Node {
+        sku: String,
+        seq: Seq,
+        pad: String,
+    },
+    Edge {
+        src: String,
+        dst: String,
+        seq: i64,
+        pad: String,
+    },
+}
+
+/// A node's `seq`: a number, or the text `"x"` (the bad records' decode
+/// reject, which only JSON can carry).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Seq {
+    N(i64),
+    Text,
+}
+
+impl Fields {
+    /// The JSON value, byte for byte what the bench produced before
+    /// `--format`, so the JSON figures stay comparable.
+    pub fn json(&self) -> String {
+        match self {
+            Fields::Node { sku, seq, pad } => {
+                format!("{}{pad}\"}}", node_head(sku, *seq))
+            }
+            Fields::Edge { src, dst, seq, pad } => {
+                format!("{}{pad}\"}}", edge_head(src, dst, *seq))
+            }
+        }
+    }
+}
+
+fn node_head(sku: &str, seq: Seq) -> String {
+    let seq = match seq {
+        Seq::N(n) => n.to_string(),
+        Seq::Text => "\"x\"".to_string(),
+    };
+    format!("{{\"sku\":\"{sku}\",\"seq\":{seq},\"pad\":\"")
+}
+
+fn edge_head(src: &str, dst: &str, seq: i64) -> String {
+    format!("{{\"src\":\"{src}\",\"dst\":\"{dst}\",\"seq\":{seq},\"pad\":\"")
+}
+
+/// Node record `n`'s key and fields. Keys are drawn pseudo-randomly from
 /// the key space (a fixed-seed xorshift), so with `keys < records` the same
 /// key is updated many times in random order, as in a real change stream.
-pub fn node_record(shape: Shape, seed: u64, n: u64) -> (String, String) {
+pub fn node_fields(shape: Shape, seed: u64, n: u64) -> (String, Fields) {
     let sku = sku(shape, seed, n);
     let seq = match is_bad(shape, seed, n) {
-        false => n.to_string(),
-        true if n.is_multiple_of(2) => "\"x\"".to_string(),
-        true => "-1".to_string(),
+        false => Seq::N(n as i64),
+        true if n.is_multiple_of(2) => Seq::Text,
+        true => Seq::N(-1),
     };
-    let head = format!("{{\"sku\":\"{sku}\",\"seq\":{seq},\"pad\":\"");
-    (sku.clone(), padded(head, shape.value_bytes))
+    let pad = pad_for(&node_head(&sku, seq), shape.value_bytes);
+    (sku.clone(), Fields::Node { sku, seq, pad })
+}
+
+/// Node record `n`'s key and JSON value.
+pub fn node_record(shape: Shape, seed: u64, n: u64) -> (String, String) {
+    let (k, f) = node_fields(shape, seed, n);
+    (k, f.json())
 }
 
 /// Whether node record `n` is one of the bad ones (`Shape::bad_fraction`).
@@ -124,27 +183,34 @@ pub fn is_bad(shape: Shape, seed: u64, n: u64) -> bool {
 /// Edge record `m`: the Kafka key is the edge id (drawn from the edge id
 /// space, so ids are updated too), and both endpoints are skus of backlog
 /// node records.
-pub fn edge_record(shape: Shape, seed: u64, m: u64) -> (String, String) {
+pub fn edge_fields(shape: Shape, seed: u64, m: u64) -> (String, Fields) {
     let id = format!("e{:010}", mix(seed ^ 0xed9e, m) % shape.edge_keys.max(1));
     let pool = shape.endpoints.max(1);
     let src = sku(shape, BACKLOG_SEED, mix(seed, 2 * m) % pool);
     let dst = sku(shape, BACKLOG_SEED, mix(seed, 2 * m + 1) % pool);
-    let head = format!("{{\"src\":\"{src}\",\"dst\":\"{dst}\",\"seq\":{m},\"pad\":\"");
-    (id, padded(head, shape.value_bytes))
+    let seq = m as i64;
+    let pad = pad_for(&edge_head(&src, &dst, seq), shape.value_bytes);
+    (id, Fields::Edge { src, dst, seq, pad })
 }
 
-/// Record `i` of a stream: its kind, key and value.
-pub fn record(shape: Shape, seed: u64, i: u64) -> (Kind, String, String) {
+/// Record `i` of a stream: its kind, key and fields.
+pub fn record_fields(shape: Shape, seed: u64, i: u64) -> (Kind, String, Fields) {
     match kind_of(shape, i) {
         (Kind::Node, n) => {
-            let (k, v) = node_record(shape, seed, n);
-            (Kind::Node, k, v)
+            let (k, f) = node_fields(shape, seed, n);
+            (Kind::Node, k, f)
         }
         (Kind::Edge, m) => {
-            let (k, v) = edge_record(shape, seed, m);
-            (Kind::Edge, k, v)
+            let (k, f) = edge_fields(shape, seed, m);
+            (Kind::Edge, k, f)
         }
     }
+}
+
+/// Record `i` of a stream: its kind, key and JSON value.
+pub fn record(shape: Shape, seed: u64, i: u64) -> (Kind, String, String) {
+    let (kind, k, f) = record_fields(shape, seed, i);
+    (kind, k, f.json())
 }
 
 /// Distinct node keys and edge ids among `records` backlog records: the
@@ -279,7 +345,7 @@ pub fn send(
     p: &BaseProducer<Recorder>,
     topic: &str,
     key: &str,
-    value: &str,
+    value: &[u8],
     ts: Option<i64>,
 ) -> Result<(), BoxError> {
     loop {
@@ -314,31 +380,53 @@ pub struct Backlog {
     pub records_per_s: f64,
     /// End offset per slot, from the broker's acks.
     pub ends: Vec<i64>,
+    /// Mean value size in bytes, as encoded (with any framing).
+    pub value_bytes_mean: f64,
 }
 
 /// Produces the whole backlog (node and edge records interleaved as the
-/// shape says) and waits for every delivery.
+/// shape says), encoded by `codec` in chunks, and waits for every delivery.
 pub fn produce_backlog(
     bootstrap: &str,
     topics: &Topics,
     shape: Shape,
     records: u64,
+    codec: &Codec,
 ) -> Result<Backlog, BoxError> {
+    const CHUNK: u64 = 10_000;
     let (p, d) = producer(bootstrap, topics, false)?;
     let start = Instant::now();
-    for i in 0..records {
-        let (kind, k, v) = record(shape, BACKLOG_SEED, i);
-        send(&p, topics.of(kind), &k, &v, None)?;
-        if i % 1000 == 0 {
-            p.poll(Duration::ZERO);
+    let mut bytes = 0u64;
+    for from in (0..records).step_by(CHUNK as usize) {
+        let (keys, recs) = fields_of(shape, BACKLOG_SEED, from..records.min(from + CHUNK));
+        let values = codec.encode(&recs)?;
+        for ((k, (kind, _)), v) in keys.iter().zip(&recs).zip(&values) {
+            bytes += v.len() as u64;
+            send(&p, topics.of(*kind), k, v, None)?;
         }
+        p.poll(Duration::ZERO);
     }
     finish(&p, &d, records)?;
     let ends = d.ends.lock().unwrap().clone();
     Ok(Backlog {
         records_per_s: records as f64 / start.elapsed().as_secs_f64(),
         ends,
+        value_bytes_mean: bytes as f64 / records.max(1) as f64,
     })
+}
+
+/// Records `range` of a stream: their keys, and their kinds and fields.
+fn fields_of(
+    shape: Shape,
+    seed: u64,
+    range: std::ops::Range<u64>,
+) -> (Vec<String>, Vec<(Kind, Fields)>) {
+    range
+        .map(|i| {
+            let (kind, k, f) = record_fields(shape, seed, i);
+            (k, (kind, f))
+        })
+        .unzip()
 }
 
 /// Produces one record now (the primer that proves a consumer has joined).
@@ -347,10 +435,12 @@ pub fn produce_one(
     topics: &Topics,
     shape: Shape,
     seed: u64,
+    codec: &Codec,
 ) -> Result<(), BoxError> {
     let (p, d) = producer(bootstrap, topics, false)?;
-    let (k, v) = node_record(shape, seed, 0);
-    send(&p, &topics.nodes, &k, &v, None)?;
+    let (k, f) = node_fields(shape, seed, 0);
+    let v = codec.encode(&[(Kind::Node, f)])?;
+    send(&p, &topics.nodes, &k, &v[0], None)?;
     finish(&p, &d, 1)
 }
 
@@ -365,6 +455,7 @@ pub fn produce_paced(
     rate: u64,
     secs: u64,
     seed: u64,
+    codec: &Codec,
 ) -> Result<Paced, BoxError> {
     let (p, d) = producer(bootstrap, topics, true)?;
     let tick = Duration::from_millis(10);
@@ -373,11 +464,12 @@ pub fn produce_paced(
     let mut i = 0;
     for n in 0..(secs * 100) {
         let now = chrono::Utc::now().timestamp_millis();
-        for _ in 0..per_tick {
-            let (kind, k, v) = record(shape, seed, i);
-            send(&p, topics.of(kind), &k, &v, Some(now))?;
-            i += 1;
+        let (keys, recs) = fields_of(shape, seed, i..i + per_tick);
+        let values = codec.encode(&recs)?;
+        for ((k, (kind, _)), v) in keys.iter().zip(&recs).zip(&values) {
+            send(&p, topics.of(*kind), k, v, Some(now))?;
         }
+        i += per_tick;
         p.poll(Duration::ZERO);
         let next = start + tick * (n as u32 + 1);
         if let Some(wait) = next.checked_duration_since(Instant::now()) {
