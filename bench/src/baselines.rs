@@ -24,14 +24,14 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::broker::BoxError;
 use crate::measure::Target;
 
-pub struct BaselineRun {
+pub(crate) struct BaselineRun {
     pub records: u64,
     pub secs: f64,
     pub batches: u64,
 }
 
 impl BaselineRun {
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.records as f64 / self.secs
     }
 }
@@ -76,13 +76,13 @@ fn done(next: &[i64], ends: &[i64]) -> bool {
 
 /// (a) Poll, remember the next offset per partition, commit every `commit_every` (`--commit-interval-ms`)
 /// (async, as graphsink does), and synchronously at the end.
-pub fn bare(t: &Target, group: &str, ends: &[i64]) -> Result<BaselineRun, BoxError> {
+pub(crate) fn bare(t: &Target, group: &str, ends: &[i64]) -> Result<BaselineRun, BoxError> {
     bare_loop(t, group, &AtomicU64::new(0), &|next| done(next, ends))
 }
 
 /// The bare loop until `stop(next offsets)` says so; `seen` counts records
 /// as they arrive (the live phase waits on it to know the group joined).
-pub fn bare_loop(
+pub(crate) fn bare_loop(
     t: &Target,
     group: &str,
     seen: &AtomicU64,
@@ -255,7 +255,7 @@ impl DirectTable {
 /// with arrow-json, merge-insert nodes into one Lance table keyed on `sku`
 /// and edges into another keyed on the Kafka key, then commit the batch's
 /// offsets synchronously. No WAL, no graph commit, no endpoint checks.
-pub async fn direct(
+pub(crate) async fn direct(
     t: &Target,
     group: &str,
     ends: &[i64],

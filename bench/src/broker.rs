@@ -11,9 +11,9 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-pub struct Broker {
+pub(crate) struct Broker {
     pub bootstrap: String,
     /// What runs it, for the report ("Apache Kafka 4.4.0 (KRaft) at ...").
     pub describe: String,
@@ -22,7 +22,7 @@ pub struct Broker {
 }
 
 impl Broker {
-    pub fn external(bootstrap: String) -> Broker {
+    pub(crate) fn external(bootstrap: String) -> Broker {
         Broker {
             describe: bootstrap.clone(),
             bootstrap,
@@ -32,7 +32,7 @@ impl Broker {
 
     /// Starts a private broker of `backend` ("kafka" or "tansu"), logging to
     /// `log_dir/broker.log`, and waits until a metadata request succeeds.
-    pub fn start(
+    pub(crate) fn start(
         backend: &str,
         tansu_bin: Option<PathBuf>,
         log_dir: &std::path::Path,
@@ -56,11 +56,11 @@ impl Broker {
     }
 
     /// The broker's pid (None for an external broker), for its CPU time.
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.private.as_ref().and_then(TestBroker::pid)
     }
 
-    pub async fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), BoxError> {
+    pub(crate) async fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), BoxError> {
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)
             .create()?;

@@ -20,7 +20,7 @@ use crate::workload::{Fields, Kind, Seq};
     Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
-pub enum Format {
+pub(crate) enum Format {
     Json,
     Avro,
     Protobuf,
@@ -28,7 +28,7 @@ pub enum Format {
 
 impl Format {
     /// The mapping's `format` in graphsink's config.
-    pub fn config_name(self) -> &'static str {
+    pub(crate) fn config_name(self) -> &'static str {
         match self {
             Format::Json => "json",
             Format::Avro => "avro",
@@ -40,18 +40,18 @@ impl Format {
 /// The writer schemas, one per topic: the fields of workload.rs's records,
 /// with the types the `.pg` schema declares (`I64` ← Avro `long`, Protobuf
 /// `int64`).
-pub const AVRO_ITEM: &str = r#"{"type":"record","name":"Item","namespace":"bench","fields":[{"name":"sku","type":"string"},{"name":"seq","type":"long"},{"name":"pad","type":"string"}]}"#;
-pub const AVRO_LINK: &str = r#"{"type":"record","name":"Link","namespace":"bench","fields":[{"name":"src","type":"string"},{"name":"dst","type":"string"},{"name":"seq","type":"long"},{"name":"pad","type":"string"}]}"#;
+pub(crate) const AVRO_ITEM: &str = r#"{"type":"record","name":"Item","namespace":"bench","fields":[{"name":"sku","type":"string"},{"name":"seq","type":"long"},{"name":"pad","type":"string"}]}"#;
+pub(crate) const AVRO_LINK: &str = r#"{"type":"record","name":"Link","namespace":"bench","fields":[{"name":"src","type":"string"},{"name":"dst","type":"string"},{"name":"seq","type":"long"},{"name":"pad","type":"string"}]}"#;
 /// One file per subject, each with its one message first, so every frame's
 /// message indexes are the single 0.
-pub const PROTO_ITEM: &str =
+pub(crate) const PROTO_ITEM: &str =
     "syntax = \"proto3\";\npackage bench;\nmessage Item {\n  string sku = 1;\n  int64 seq = 2;\n  string pad = 3;\n}\n";
-pub const PROTO_LINK: &str = "syntax = \"proto3\";\npackage bench;\nmessage Link {\n  string src = 1;\n  string dst = 2;\n  int64 seq = 3;\n  string pad = 4;\n}\n";
+pub(crate) const PROTO_LINK: &str = "syntax = \"proto3\";\npackage bench;\nmessage Link {\n  string src = 1;\n  string dst = 2;\n  int64 seq = 3;\n  string pad = 4;\n}\n";
 
 /// What a producer needs to encode values: serializable, so a child
 /// process gets it with its spec.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Values {
+pub(crate) struct Values {
     pub format: Format,
     /// `schema_registry.url` (registry formats only).
     pub registry_url: Option<String>,
@@ -60,7 +60,7 @@ pub struct Values {
 }
 
 impl Values {
-    pub fn json() -> Values {
+    pub(crate) fn json() -> Values {
         Values {
             format: Format::Json,
             registry_url: None,
@@ -71,7 +71,7 @@ impl Values {
     /// Registers the node (and edge) topic's writer schema under
     /// `<topic>-value` (TopicNameStrategy, what graphsink's start-up check
     /// reads).
-    pub fn register(
+    pub(crate) fn register(
         format: Format,
         registry: &graphsink_testkit::TestRegistry,
         nodes_topic: &str,
@@ -97,7 +97,7 @@ impl Values {
 
 /// Encodes records' fields as the run's format.
 #[derive(Clone)]
-pub enum Codec {
+pub(crate) enum Codec {
     Json,
     Avro {
         ids: [u32; 2],
@@ -109,7 +109,7 @@ pub enum Codec {
 }
 
 impl Codec {
-    pub fn of(v: &Values) -> Result<Codec, BoxError> {
+    pub(crate) fn of(v: &Values) -> Result<Codec, BoxError> {
         Ok(match v.format {
             Format::Json => Codec::Json,
             Format::Avro => Codec::Avro { ids: v.ids },
@@ -124,7 +124,7 @@ impl Codec {
     }
 
     /// The values of `recs`, in order, framed for the registry formats.
-    pub fn encode(&self, recs: &[(Kind, Fields)]) -> Result<Vec<Vec<u8>>, BoxError> {
+    pub(crate) fn encode(&self, recs: &[(Kind, Fields)]) -> Result<Vec<Vec<u8>>, BoxError> {
         match self {
             Codec::Json => Ok(recs.iter().map(|(_, f)| f.json().into_bytes()).collect()),
             Codec::Avro { ids } => avro(recs, ids),

@@ -18,7 +18,7 @@ use crate::broker::BoxError;
 use crate::workload::{self, Shape};
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Probe {
+pub(crate) struct Probe {
     /// The seq of the measured commit.
     pub commit: u64,
     pub rows: usize,
@@ -34,7 +34,7 @@ pub struct Probe {
 
 /// Builds a graph of `upto` commits: measured folds of `rows` rows at each
 /// commit in `probes`, filler folds of `filler` rows otherwise.
-pub async fn run(
+pub(crate) async fn run(
     dir: &Path,
     buckets: u32,
     rows: usize,
@@ -98,7 +98,7 @@ async fn write_records(
     let values: Vec<String> = (0..n)
         .map(|i| workload::node_record(shape, 7, offset as u64 + i as u64).1)
         .collect();
-    let recs: Vec<SourceRecord> = values
+    let recs: Vec<SourceRecord<'_>> = values
         .iter()
         .enumerate()
         .map(|(i, v)| SourceRecord {
@@ -123,7 +123,7 @@ async fn write_records(
 }
 
 /// One fold as the fold loop makes it (cut, plan, execute, publish), timed.
-pub struct TimedFold {
+pub(crate) struct TimedFold {
     pub commit: graphsink::GraphCommit,
     pub rejects: usize,
     pub fold_secs: f64,
@@ -132,7 +132,7 @@ pub struct TimedFold {
     pub stages: graphsink::testing::StageTimes,
 }
 
-pub async fn timed_fold(
+pub(crate) async fn timed_fold(
     graph: &Graph,
     policies: &graphsink::testing::Policies,
     pool: &ShardPool,

@@ -22,7 +22,7 @@ use crate::workload::Topics;
 
 /// Wall clock in fractional milliseconds since the epoch: the unit of Kafka
 /// record timestamps, so latencies are plain differences.
-pub fn now_ms() -> f64 {
+pub(crate) fn now_ms() -> f64 {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -31,7 +31,7 @@ pub fn now_ms() -> f64 {
 
 /// What every phase shares: the broker and the workload's topics.
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
-pub struct Target {
+pub(crate) struct Target {
     pub bootstrap: String,
     pub topics: Topics,
     /// Extra librdkafka properties for every measured consumer (graphsink
@@ -55,20 +55,24 @@ pub struct Target {
 }
 
 /// (time ms, committed offset per slot), in time order.
-pub type Samples = Vec<(f64, Vec<i64>)>;
+pub(crate) type Samples = Vec<(f64, Vec<i64>)>;
 
 /// Polls the group's committed offsets (OffsetFetch, like `kafka-consumer-
 /// groups --describe`) every `every` on its own thread. Its resolution is
 /// the poll interval plus one broker round trip; a commit is seen at the
 /// first poll after the broker stored it.
-pub struct CommitSampler {
+pub(crate) struct CommitSampler {
     stop: Arc<AtomicBool>,
     latest: Arc<Mutex<Vec<i64>>>,
     thread: Option<std::thread::JoinHandle<Result<Samples, String>>>,
 }
 
 impl CommitSampler {
-    pub fn start(t: &Target, group: &str, every: Duration) -> Result<CommitSampler, BoxError> {
+    pub(crate) fn start(
+        t: &Target,
+        group: &str,
+        every: Duration,
+    ) -> Result<CommitSampler, BoxError> {
         let c: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &t.bootstrap)
             .set("group.id", group)
@@ -116,11 +120,11 @@ impl CommitSampler {
     }
 
     /// The most recent committed offsets seen, per partition.
-    pub fn latest(&self) -> Vec<i64> {
+    pub(crate) fn latest(&self) -> Vec<i64> {
         self.latest.lock().unwrap().clone()
     }
 
-    pub fn finish(mut self) -> Result<Vec<(f64, Vec<i64>)>, BoxError> {
+    pub(crate) fn finish(mut self) -> Result<Vec<(f64, Vec<i64>)>, BoxError> {
         self.stop.store(true, Ordering::Relaxed);
         let h = self.thread.take().expect("finished once");
         Ok(h.join().map_err(|_| "commit sampler panicked")??)
@@ -134,7 +138,7 @@ impl Drop for CommitSampler {
 }
 
 /// First sample at which every slot's committed offset reached `ends`.
-pub fn all_committed_at(samples: &[(f64, Vec<i64>)], ends: &[i64]) -> Option<f64> {
+pub(crate) fn all_committed_at(samples: &[(f64, Vec<i64>)], ends: &[i64]) -> Option<f64> {
     samples
         .iter()
         .find(|(_, row)| row.iter().zip(ends).all(|(c, e)| c >= e))
@@ -142,7 +146,10 @@ pub fn all_committed_at(samples: &[(f64, Vec<i64>)], ends: &[i64]) -> Option<f64
 }
 
 /// Per record: when its offset was first seen committed (`None`: never).
-pub fn commit_latencies(samples: &[(f64, Vec<i64>)], records: &[(usize, i64, i64)]) -> Vec<f64> {
+pub(crate) fn commit_latencies(
+    samples: &[(f64, Vec<i64>)],
+    records: &[(usize, i64, i64)],
+) -> Vec<f64> {
     records
         .iter()
         .filter_map(|&(slot, off, ts)| {
@@ -160,7 +167,7 @@ pub fn commit_latencies(samples: &[(f64, Vec<i64>)], records: &[(usize, i64, i64
 /// those records happened earlier; callers therefore time only the records
 /// after that count, from that moment (otherwise a full first poll
 /// would be "free" and inflate small runs).
-pub fn first_fetch(stats: Arc<RunStats>) -> tokio::task::JoinHandle<(f64, u64)> {
+pub(crate) fn first_fetch(stats: Arc<RunStats>) -> tokio::task::JoinHandle<(f64, u64)> {
     tokio::spawn(async move {
         loop {
             let n = stats.consumed.load(Ordering::Relaxed);
@@ -177,7 +184,10 @@ pub fn first_fetch(stats: Arc<RunStats>) -> tokio::task::JoinHandle<(f64, u64)> 
 /// it to "all offsets committed" is the commit cadence's share of the
 /// phase (graphsink commits on `offsets.commit_interval`; the bare loop
 /// commits synchronously the moment it has read the last record).
-pub fn last_durable(stats: Arc<RunStats>, stop: CancellationToken) -> tokio::task::JoinHandle<f64> {
+pub(crate) fn last_durable(
+    stats: Arc<RunStats>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<f64> {
     tokio::spawn(async move {
         let (mut seen, mut at) = (0, now_ms());
         while !stop.is_cancelled() {
@@ -196,12 +206,12 @@ pub fn last_durable(stats: Arc<RunStats>, stop: CancellationToken) -> tokio::tas
 /// seq numbers tell, and `missed` counts them (their records are then
 /// attributed to the next commit seen: an overestimate, never an under-).
 #[derive(Default, Clone)]
-pub struct Published {
+pub(crate) struct Published {
     pub seen: Vec<(f64, GraphCommit)>,
     pub missed: u64,
 }
 
-pub fn watch_published(
+pub(crate) fn watch_published(
     mut rx: watch::Receiver<Option<GraphCommit>>,
 ) -> (Arc<Mutex<Published>>, tokio::task::JoinHandle<()>) {
     let out = Arc::new(Mutex::new(Published::default()));
@@ -223,7 +233,7 @@ pub fn watch_published(
 }
 
 /// Per record: the first seen commit at or after which it is in the graph.
-pub fn visible_latencies(
+pub(crate) fn visible_latencies(
     published: &Published,
     topics: &Topics,
     records: &[(usize, i64, i64)],
@@ -254,7 +264,7 @@ pub fn visible_latencies(
 }
 
 /// (p50, p99, max) of a sample, in the sample's unit.
-pub fn percentiles(mut v: Vec<f64>) -> Option<(f64, f64, f64)> {
+pub(crate) fn percentiles(mut v: Vec<f64>) -> Option<(f64, f64, f64)> {
     if v.is_empty() {
         return None;
     }
@@ -266,17 +276,17 @@ pub fn percentiles(mut v: Vec<f64>) -> Option<(f64, f64, f64)> {
 /// Resets the kernel's peak-RSS mark (Linux ≥ 4.0: writing 5 to clear_refs),
 /// so each phase's VmHWM is its own peak rather than the bench's lifetime
 /// peak. Memory the allocator kept from earlier phases still counts.
-pub fn reset_peak_rss() {
+pub(crate) fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 /// VmHWM in MiB.
-pub fn peak_rss_mib() -> Option<f64> {
+pub(crate) fn peak_rss_mib() -> Option<f64> {
     status_mib("VmHWM:")
 }
 
 /// VmRSS in MiB.
-pub fn rss_mib() -> Option<f64> {
+pub(crate) fn rss_mib() -> Option<f64> {
     status_mib("VmRSS:")
 }
 
@@ -288,7 +298,7 @@ fn status_mib(field: &str) -> Option<f64> {
 }
 
 /// The connector config for one phase, as the TOML a user would write.
-pub fn graphsink_config(
+pub(crate) fn graphsink_config(
     t: &Target,
     dir: &Path,
     root: &crate::s3::Root,

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 #[derive(Serialize, Default, Clone, Copy)]
-pub struct Latency {
+pub(crate) struct Latency {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
@@ -12,7 +12,7 @@ pub struct Latency {
 }
 
 impl Latency {
-    pub fn of(v: Vec<f64>) -> Option<Latency> {
+    pub(crate) fn of(v: Vec<f64>) -> Option<Latency> {
         let samples = v.len();
         crate::measure::percentiles(v).map(|(p50_ms, p99_ms, max_ms)| Latency {
             p50_ms,
@@ -24,7 +24,7 @@ impl Latency {
 }
 
 #[derive(Serialize, Default)]
-pub struct Report {
+pub(crate) struct Report {
     pub build: &'static str,
     pub broker: String,
     pub workload: serde_json::Value,
@@ -95,7 +95,7 @@ pub struct Report {
 /// graphsink's backlog and paced phases on S3, beside the same phases on
 /// the local filesystem (the report's main figures).
 #[derive(Serialize, Default)]
-pub struct S3Report {
+pub(crate) struct S3Report {
     pub server: String,
     pub requests_counted_by: String,
     pub records_per_s: f64,
@@ -128,7 +128,7 @@ pub struct S3Report {
 
 impl Report {
     /// Checks a phase's record count against what was produced.
-    pub fn counted(&mut self, phase: &str, got: u64, produced: u64) {
+    pub(crate) fn counted(&mut self, phase: &str, got: u64, produced: u64) {
         if got != produced {
             self.count_mismatch = true;
             self.notes.push(format!(
@@ -155,13 +155,13 @@ fn rss(m: Option<f64>) -> String {
 impl Report {
     /// Records the broker's CPU over `phase`. The broker shares the 2
     /// cores: its share says how much of the machine the measured code had.
-    pub fn broker_cpu(&mut self, phase: &str, cpu: &crate::s3::SelfCpu) {
+    pub(crate) fn broker_cpu(&mut self, phase: &str, cpu: &crate::s3::SelfCpu) {
         if let Some(c) = cpu.cores() {
             self.broker_cpu_cores.insert(phase.to_string(), c);
         }
     }
 
-    pub fn print(&self) {
+    pub(crate) fn print(&self) {
         println!(
             "graphsink-bench ({} build) broker {}",
             self.build, self.broker

@@ -17,18 +17,18 @@ use serde::Serialize;
 use crate::broker::BoxError;
 
 /// The bucket every bench graph lives in (one prefix per run).
-pub const BUCKET: &str = "graphsink-bench";
+pub(crate) const BUCKET: &str = "graphsink-bench";
 
 /// Where a graph lives: its root URI and the `[graph.storage_options]`
 /// table that reaches it (empty for a local root).
 #[derive(Clone, Debug)]
-pub struct Root {
+pub(crate) struct Root {
     pub uri: String,
     pub storage_toml: String,
 }
 
 impl Root {
-    pub fn local(dir: &Path, name: &str) -> Root {
+    pub(crate) fn local(dir: &Path, name: &str) -> Root {
         Root {
             uri: dir.join(name).to_string_lossy().into_owned(),
             storage_toml: String::new(),
@@ -47,7 +47,7 @@ enum Counter {
     None,
 }
 
-pub struct S3Bench {
+pub(crate) struct S3Bench {
     /// What graphsink talks to (the proxy when counting through one).
     endpoint: String,
     pub describe: String,
@@ -57,7 +57,7 @@ pub struct S3Bench {
 }
 
 /// A point in time a phase's load is measured from.
-pub struct Mark {
+pub(crate) struct Mark {
     at: Instant,
     log_pos: u64,
     server_ticks: Option<u64>,
@@ -66,7 +66,7 @@ pub struct Mark {
 
 /// What one phase cost the S3 server (and the bench process, for scale).
 #[derive(Serialize, Default, Clone, Debug)]
-pub struct Load {
+pub(crate) struct Load {
     pub secs: f64,
     /// "METHOD kind" → requests, kinds from the key's path (`wal entry`,
     /// `shard manifest`, `generation`, `table version`, `__manifest`, ...).
@@ -86,7 +86,7 @@ pub struct Load {
 }
 
 impl Load {
-    pub fn count(&self, prefix: &str) -> u64 {
+    pub(crate) fn count(&self, prefix: &str) -> u64 {
         self.requests
             .iter()
             .filter(|(k, _)| k.starts_with(prefix))
@@ -100,7 +100,7 @@ impl S3Bench {
     /// the bucket and refuses a server that ignores conditional PUTs, as the
     /// tests do. `proxy`: count through a rule-less FaultProxy instead of
     /// moto's log (the only way with a server the bench did not start).
-    pub fn start(
+    pub(crate) fn start(
         endpoint: Option<&str>,
         moto_bin: Option<PathBuf>,
         server_pid: Option<u32>,
@@ -142,7 +142,7 @@ impl S3Bench {
         })
     }
 
-    pub fn counted_by(&self) -> &'static str {
+    pub(crate) fn counted_by(&self) -> &'static str {
         match self.counter {
             Counter::MotoLog(_) => "moto's request log",
             Counter::Proxy(_) => "a rule-less FaultProxy in front of the server",
@@ -151,7 +151,7 @@ impl S3Bench {
     }
 
     /// A fresh graph root under the bench bucket.
-    pub fn root(&self, prefix: &str) -> Root {
+    pub(crate) fn root(&self, prefix: &str) -> Root {
         Root {
             uri: format!("s3://{BUCKET}/{prefix}"),
             storage_toml: format!(
@@ -165,7 +165,7 @@ impl S3Bench {
         }
     }
 
-    pub fn mark(&self) -> Mark {
+    pub(crate) fn mark(&self) -> Mark {
         Mark {
             at: Instant::now(),
             log_pos: match &self.counter {
@@ -179,7 +179,7 @@ impl S3Bench {
     }
 
     /// The load since `m`.
-    pub fn since(&self, m: &Mark) -> Load {
+    pub(crate) fn since(&self, m: &Mark) -> Load {
         let secs = m.at.elapsed().as_secs_f64();
         let server_ticks = self.pid.and_then(cpu_ticks);
         let self_ticks = cpu_ticks_self();
@@ -229,13 +229,13 @@ impl S3Bench {
 
 /// Linux's USER_HZ, the unit of /proc/PID/stat's CPU times (fixed at 100
 /// for user space on every architecture Linux runs this on).
-pub const TICKS_PER_S: f64 = 100.0;
+pub(crate) const TICKS_PER_S: f64 = 100.0;
 
 fn cpu_ticks(pid: u32) -> Option<u64> {
     stat_ticks(&format!("/proc/{pid}/stat"))
 }
 
-pub fn cpu_ticks_self() -> Option<u64> {
+pub(crate) fn cpu_ticks_self() -> Option<u64> {
     stat_ticks("/proc/self/stat")
 }
 
@@ -340,19 +340,19 @@ fn kind(target: &str) -> String {
 
 /// A process's CPU over a stretch of wall time, in cores: the bench's
 /// own, or another's by pid (the broker's).
-pub struct SelfCpu(Instant, Option<u64>, Option<u32>);
+pub(crate) struct SelfCpu(Instant, Option<u64>, Option<u32>);
 
 impl SelfCpu {
-    pub fn start() -> SelfCpu {
+    pub(crate) fn start() -> SelfCpu {
         SelfCpu(Instant::now(), cpu_ticks_self(), None)
     }
 
     /// `pid`'s CPU from now (`None`: nothing to measure, `cores` is `None`).
-    pub fn of(pid: Option<u32>) -> SelfCpu {
+    pub(crate) fn of(pid: Option<u32>) -> SelfCpu {
         SelfCpu(Instant::now(), pid.and_then(cpu_ticks), pid)
     }
 
-    pub fn cores(&self) -> Option<f64> {
+    pub(crate) fn cores(&self) -> Option<f64> {
         let secs = self.0.elapsed().as_secs_f64().max(1e-9);
         let now = match self.2 {
             Some(pid) => cpu_ticks(pid),

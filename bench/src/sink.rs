@@ -20,7 +20,7 @@ use crate::threads::{GroupCpu, ThreadCpu};
 use crate::workload::{self, Shape};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct BacklogRun {
+pub(crate) struct BacklogRun {
     pub records: u64,
     /// Records after the first observed poll: the ones `secs` timed.
     pub timed_records: u64,
@@ -41,7 +41,7 @@ pub struct BacklogRun {
 
 /// Where graphsink's run loop spent the run (from `RunStats`).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct LoopTimes {
+pub(crate) struct LoopTimes {
     pub polls: u64,
     pub records_per_poll: f64,
     /// In polls, in all (batching + decode + puts).
@@ -87,7 +87,7 @@ impl LoopTimes {
 /// Runs with `exit_at_end` over the pre-produced backlog; the clock runs
 /// from the first fetch to the first sample showing every partition's
 /// committed offset at its end offset.
-pub async fn backlog(
+pub(crate) async fn backlog(
     t: &Target,
     cfg: Config,
     ends: &[i64],
@@ -139,7 +139,7 @@ pub async fn backlog(
 
 /// What a backlog phase needs, handed to its child process as JSON.
 #[derive(serde::Serialize, serde::Deserialize)]
-pub struct BacklogSpec {
+pub(crate) struct BacklogSpec {
     /// The config file `measure::graphsink_config` wrote.
     pub config: PathBuf,
     pub target: Target,
@@ -156,7 +156,10 @@ pub struct BacklogSpec {
 /// is not the bench's). In a child, the peak RSS and CPU are graphsink's
 /// alone, not memory the allocator kept from the phases before, and its run
 /// loop is that process's main thread, as in `graphsink run`.
-pub async fn backlog_phase(spec: &BacklogSpec, in_process: bool) -> Result<BacklogRun, BoxError> {
+pub(crate) async fn backlog_phase(
+    spec: &BacklogSpec,
+    in_process: bool,
+) -> Result<BacklogRun, BoxError> {
     if in_process {
         return backlog_measured(spec).await;
     }
@@ -188,7 +191,7 @@ async fn child<T: serde::de::DeserializeOwned>(
 }
 
 /// The backlog run of `spec`, with this process's CPU over it.
-pub async fn backlog_measured(spec: &BacklogSpec) -> Result<BacklogRun, BoxError> {
+pub(crate) async fn backlog_measured(spec: &BacklogSpec) -> Result<BacklogRun, BoxError> {
     let cfg = Config::load(&spec.config)?;
     let cpu = crate::s3::SelfCpu::start();
     let threads = ThreadCpu::start(spec.broker_pid);
@@ -198,7 +201,7 @@ pub async fn backlog_measured(spec: &BacklogSpec) -> Result<BacklogRun, BoxError
     Ok(run)
 }
 
-pub struct LiveRun {
+pub(crate) struct LiveRun {
     pub durable_ms: Vec<f64>,
     pub visible_ms: Vec<f64>,
     pub unseen: usize,
@@ -213,7 +216,7 @@ pub struct LiveRun {
 /// the group's committed offsets (earlier paced phases), consumed before
 /// the primer counts, so the paced records find the pipeline caught up.
 #[allow(clippy::too_many_arguments)]
-pub async fn live(
+pub(crate) async fn live(
     t: &Target,
     cfg: Config,
     shape: Shape,
@@ -290,7 +293,7 @@ pub async fn live(
     })
 }
 
-pub struct FoldRun {
+pub(crate) struct FoldRun {
     pub ingest_rate: f64,
     pub ingest_peak_rss_mib: Option<f64>,
     pub rows: u64,
@@ -301,7 +304,7 @@ pub struct FoldRun {
 /// peak RSS is the fold's own and not memory the allocator kept from the
 /// ingest phases.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct FoldCost {
+pub(crate) struct FoldCost {
     pub secs: f64,
     pub upserted: u64,
     pub peak_rss_mib: Option<f64>,
@@ -314,7 +317,7 @@ pub struct FoldCost {
 /// child process. The fold time includes claiming the shards (an empty WAL
 /// replay after the clean close), reading the flushed generations and the
 /// merge-insert.
-pub async fn fold_cost(spec: &BacklogSpec, in_process: bool) -> Result<FoldRun, BoxError> {
+pub(crate) async fn fold_cost(spec: &BacklogSpec, in_process: bool) -> Result<FoldRun, BoxError> {
     let config_path = &spec.config;
     let ingest = backlog_phase(spec, in_process).await?;
     let fold = if in_process {
@@ -332,7 +335,7 @@ pub async fn fold_cost(spec: &BacklogSpec, in_process: bool) -> Result<FoldRun, 
 
 /// The child's side of `fold_cost`: one `fold_offline` of the graph the
 /// config names.
-pub async fn fold_child(config_path: &Path) -> Result<FoldCost, BoxError> {
+pub(crate) async fn fold_child(config_path: &Path) -> Result<FoldCost, BoxError> {
     let cfg = Config::load(config_path)?;
     let graph =
         graphsink::Graph::open_or_init(&cfg, graphsink::GraphSchema::load(&cfg.schema_path())?)
@@ -358,13 +361,13 @@ pub async fn fold_child(config_path: &Path) -> Result<FoldCost, BoxError> {
 
 /// The `[fold]` section for the fold-cost run: no timer, no size triggers,
 /// no final fold.
-pub const FOLD_OFF: &str = "interval = \"0s\"\non_shutdown = false\nmax_pending_rows = 1000000000000\nmax_pending_bytes = 1000000000000";
+pub(crate) const FOLD_OFF: &str = "interval = \"0s\"\non_shutdown = false\nmax_pending_rows = 1000000000000\nmax_pending_bytes = 1000000000000";
 
-pub fn fold_every(interval: &str) -> String {
+pub(crate) fn fold_every(interval: &str) -> String {
     format!("interval = \"{interval}\"")
 }
 
-pub fn root_in(dir: &Path, name: &str) -> String {
+pub(crate) fn root_in(dir: &Path, name: &str) -> String {
     dir.join(name).to_string_lossy().into_owned()
 }
 
@@ -389,7 +392,7 @@ async fn paced(
 /// records the topics hold before its primer (it reads from the earliest
 /// offset, so it has joined and caught up once it has seen them all).
 #[allow(clippy::too_many_arguments)]
-pub async fn bare_live(
+pub(crate) async fn bare_live(
     t: &Target,
     group: &str,
     shape: Shape,

@@ -23,12 +23,12 @@ use crate::history::timed_fold;
 /// The schema: `Link` has no constraint past its endpoints; `Tied` has both
 /// fold-time constraints. `@card`'s bound is far above the random
 /// out-degree (about 1 per node), so the measured folds reject nothing.
-pub const SCHEMA: &str = "node Item {\n    sku: String @key\n    seq: I64\n    pad: String\n}\nedge Link: Item -> Item {\n    seq: I64\n    pad: String\n}\nedge Tied: Item -> Item @card(0..64) {\n    seq: I64\n    pad: String\n    @unique(src, dst)\n}\n";
+pub(crate) const SCHEMA: &str = "node Item {\n    sku: String @key\n    seq: I64\n    pad: String\n}\nedge Link: Item -> Item {\n    seq: I64\n    pad: String\n}\nedge Tied: Item -> Item @card(0..64) {\n    seq: I64\n    pad: String\n    @unique(src, dst)\n}\n";
 
 const TYPES: [(&str, &str); 3] = [("items", "Item"), ("links", "Link"), ("ties", "Tied")];
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Probe {
+pub(crate) struct Probe {
     /// Rows of the table before the fold.
     pub size: u64,
     /// The type folded.
@@ -41,7 +41,7 @@ pub struct Probe {
     pub table_fragments: usize,
 }
 
-pub struct Params {
+pub(crate) struct Params {
     pub sizes: Vec<u64>,
     pub rows: usize,
     pub chunk: u64,
@@ -53,7 +53,7 @@ pub struct Params {
 }
 
 /// Grows the graph to each size in turn and times one fold per type there.
-pub async fn run(dir: &Path, p: &Params) -> Result<Vec<Probe>, BoxError> {
+pub(crate) async fn run(dir: &Path, p: &Params) -> Result<Vec<Probe>, BoxError> {
     std::fs::write(dir.join("size.pg"), SCHEMA)?;
     let mut toml = format!(
         "[graph]\nroot = \"size\"\nschema = \"size.pg\"\n[kafka]\n\"bootstrap.servers\" = \"unused:1\"\n\"group.id\" = \"unused\"\n[wal]\nbuckets = {}\n[errors]\nmax_pending_edges = 100000000\n[fold]\nknown_ids_max = {}\n",
@@ -178,7 +178,7 @@ impl Writer {
     /// Decodes `recs` of type `k` and waits until their WAL writes are durable.
     async fn put(&mut self, k: usize, recs: Vec<(String, String)>) -> Result<(), BoxError> {
         let topic = TYPES[k].0;
-        let src: Vec<SourceRecord> = recs
+        let src: Vec<SourceRecord<'_>> = recs
             .iter()
             .enumerate()
             .map(|(j, (key, v))| SourceRecord {

@@ -18,7 +18,7 @@ use crate::workload::{self, Shape};
 
 /// Bytes after one fold, by kind, over every table and `__manifest`.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Point {
+pub(crate) struct Point {
     pub fold: u64,
     pub total: u64,
     pub base: u64,
@@ -30,14 +30,14 @@ pub struct Point {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Curve {
+pub(crate) struct Curve {
     pub retention: bool,
     pub points: Vec<Point>,
 }
 
 /// What one storage run does.
 #[derive(Debug, Clone, Copy)]
-pub struct Params {
+pub(crate) struct Params {
     pub folds: u64,
     pub keys: u64,
     /// Records per fold (updates: the key space is written over and over).
@@ -49,7 +49,7 @@ pub struct Params {
 }
 
 /// The curve with retention on, then off, each on a fresh graph.
-pub async fn run(dir: &Path, p: Params) -> Result<Vec<Curve>, BoxError> {
+pub(crate) async fn run(dir: &Path, p: Params) -> Result<Vec<Curve>, BoxError> {
     let mut out = Vec::new();
     for retention in [true, false] {
         let sub = dir.join(if retention {
@@ -140,7 +140,7 @@ async fn write(
     let values: Vec<String> = (0..n as u64)
         .map(|i| workload::node_record(shape, 7, offset + i).1)
         .collect();
-    let recs: Vec<SourceRecord> = values
+    let recs: Vec<SourceRecord<'_>> = values
         .iter()
         .enumerate()
         .map(|(i, v)| SourceRecord {
@@ -188,7 +188,7 @@ async fn fold_once(
 }
 
 /// The two curves side by side, every `step` folds, as a Markdown table.
-pub fn print(curves: &[Curve], step: u64) {
+pub(crate) fn print(curves: &[Curve], step: u64) {
     let (on, off) = (&curves[0].points, &curves[1].points);
     println!("| fold | on: total | base | wal | generations | old versions | versions | off: total | off: versions |");
     println!("|---|---|---|---|---|---|---|---|---|");

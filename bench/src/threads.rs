@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 /// One thread group's share of a phase.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct GroupCpu {
+pub(crate) struct GroupCpu {
     pub group: String,
     /// Seconds on a CPU.
     pub cpu_secs: f64,
@@ -28,14 +28,14 @@ struct Sched {
 }
 
 /// Per-thread counters of the bench itself and (given) the broker.
-pub struct ThreadCpu {
+pub(crate) struct ThreadCpu {
     broker: Option<u32>,
     start: HashMap<(u32, u64), (String, Sched)>,
     self_ticks: Option<u64>,
 }
 
 impl ThreadCpu {
-    pub fn start(broker: Option<u32>) -> ThreadCpu {
+    pub(crate) fn start(broker: Option<u32>) -> ThreadCpu {
         ThreadCpu {
             broker,
             start: snapshot(broker),
@@ -46,7 +46,7 @@ impl ThreadCpu {
     /// The groups, most CPU first. Threads of the bench that ended during
     /// the phase are one row, "(ended threads)": the process's total less
     /// its live threads (10 ms resolution).
-    pub fn finish(&self) -> Vec<GroupCpu> {
+    pub(crate) fn finish(&self) -> Vec<GroupCpu> {
         let end = snapshot(self.broker);
         let mut groups: BTreeMap<String, GroupCpu> = BTreeMap::new();
         let mut live_ns = 0u64;

@@ -17,14 +17,14 @@ use crate::formats::Codec;
 
 /// The graph schema the bench writes: one node type keyed by `sku`, and one
 /// edge type between its nodes. `pad` carries the bulk of `--value-bytes`.
-pub const SCHEMA: &str = "node Item {\n    sku: String @key\n    seq: I64\n    pad: String\n    @range(seq, 0..)\n}\nedge Link: Item -> Item {\n    seq: I64\n    pad: String\n}\n";
-pub const NODE: &str = "Item";
-pub const EDGE: &str = "Link";
+pub(crate) const SCHEMA: &str = "node Item {\n    sku: String @key\n    seq: I64\n    pad: String\n    @range(seq, 0..)\n}\nedge Link: Item -> Item {\n    seq: I64\n    pad: String\n}\n";
+pub(crate) const NODE: &str = "Item";
+pub(crate) const EDGE: &str = "Link";
 /// The seed of the backlog's node records: edges point at these.
-pub const BACKLOG_SEED: u64 = 0x5eed;
+pub(crate) const BACKLOG_SEED: u64 = 0x5eed;
 
 #[derive(Clone, Copy, Debug)]
-pub struct Shape {
+pub(crate) struct Shape {
     /// Node key space (distinct `sku`s).
     pub keys: u64,
     pub value_bytes: usize,
@@ -42,7 +42,7 @@ pub struct Shape {
 }
 
 impl Shape {
-    pub fn nodes_only(keys: u64, value_bytes: usize) -> Shape {
+    pub(crate) fn nodes_only(keys: u64, value_bytes: usize) -> Shape {
         Shape {
             keys,
             value_bytes,
@@ -54,14 +54,14 @@ impl Shape {
     }
 
     /// How many of records `0..records` are edges.
-    pub fn edges_in(&self, records: u64) -> u64 {
+    pub(crate) fn edges_in(&self, records: u64) -> u64 {
         edges_before(*self, records)
     }
 }
 
 /// Which topic a record goes to: the node topic or the edge topic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Node = 0,
     Edge = 1,
 }
@@ -76,7 +76,7 @@ fn edges_before(shape: Shape, i: u64) -> u64 {
 /// The kind of record `i` of a stream: edges spread evenly among nodes
 /// (record i is an edge when ⌊(i+1)·f⌋ > ⌊i·f⌋), plus the index of the
 /// record within its kind.
-pub fn kind_of(shape: Shape, i: u64) -> (Kind, u64) {
+pub(crate) fn kind_of(shape: Shape, i: u64) -> (Kind, u64) {
     let before = edges_before(shape, i);
     if edges_before(shape, i + 1) > before {
         (Kind::Edge, before)
@@ -105,7 +105,7 @@ fn pad_for(head: &str, value_bytes: usize) -> String {
 /// carries the same values (the pad is sized so the JSON value is about
 /// `--value-bytes`; the binary formats are smaller for the same fields).
 #[derive(Clone, Debug, PartialEq)]
-pub enum Fields {
+pub(crate) enum Fields {
     Node {
         sku: String,
         seq: Seq,
@@ -122,7 +122,7 @@ pub enum Fields {
 /// A node's `seq`: a number, or the text `"x"` (the bad records' decode
 /// reject, which only JSON can carry).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Seq {
+pub(crate) enum Seq {
     N(i64),
     Text,
 }
@@ -130,7 +130,7 @@ pub enum Seq {
 impl Fields {
     /// The JSON value, byte for byte what the bench produced before
     /// `--format`, so the JSON figures stay comparable.
-    pub fn json(&self) -> String {
+    pub(crate) fn json(&self) -> String {
         match self {
             Fields::Node { sku, seq, pad } => {
                 format!("{}{pad}\"}}", node_head(sku, *seq))
@@ -157,7 +157,7 @@ fn edge_head(src: &str, dst: &str, seq: i64) -> String {
 /// Node record `n`'s key and fields. Keys are drawn pseudo-randomly from
 /// the key space (a fixed-seed xorshift), so with `keys < records` the same
 /// key is updated many times in random order, as in a real change stream.
-pub fn node_fields(shape: Shape, seed: u64, n: u64) -> (String, Fields) {
+pub(crate) fn node_fields(shape: Shape, seed: u64, n: u64) -> (String, Fields) {
     let sku = sku(shape, seed, n);
     let seq = match is_bad(shape, seed, n) {
         false => Seq::N(n as i64),
@@ -169,13 +169,13 @@ pub fn node_fields(shape: Shape, seed: u64, n: u64) -> (String, Fields) {
 }
 
 /// Node record `n`'s key and JSON value.
-pub fn node_record(shape: Shape, seed: u64, n: u64) -> (String, String) {
+pub(crate) fn node_record(shape: Shape, seed: u64, n: u64) -> (String, String) {
     let (k, f) = node_fields(shape, seed, n);
     (k, f.json())
 }
 
 /// Whether node record `n` is one of the bad ones (`Shape::bad_fraction`).
-pub fn is_bad(shape: Shape, seed: u64, n: u64) -> bool {
+pub(crate) fn is_bad(shape: Shape, seed: u64, n: u64) -> bool {
     let ppm = (shape.bad_fraction * 1e6).round() as u64;
     ppm > 0 && mix(seed ^ 0xbad, n) % 1_000_000 < ppm
 }
@@ -183,7 +183,7 @@ pub fn is_bad(shape: Shape, seed: u64, n: u64) -> bool {
 /// Edge record `m`: the Kafka key is the edge id (drawn from the edge id
 /// space, so ids are updated too), and both endpoints are skus of backlog
 /// node records.
-pub fn edge_fields(shape: Shape, seed: u64, m: u64) -> (String, Fields) {
+pub(crate) fn edge_fields(shape: Shape, seed: u64, m: u64) -> (String, Fields) {
     let id = format!("e{:010}", mix(seed ^ 0xed9e, m) % shape.edge_keys.max(1));
     let pool = shape.endpoints.max(1);
     let src = sku(shape, BACKLOG_SEED, mix(seed, 2 * m) % pool);
@@ -194,7 +194,7 @@ pub fn edge_fields(shape: Shape, seed: u64, m: u64) -> (String, Fields) {
 }
 
 /// Record `i` of a stream: its kind, key and fields.
-pub fn record_fields(shape: Shape, seed: u64, i: u64) -> (Kind, String, Fields) {
+pub(crate) fn record_fields(shape: Shape, seed: u64, i: u64) -> (Kind, String, Fields) {
     match kind_of(shape, i) {
         (Kind::Node, n) => {
             let (k, f) = node_fields(shape, seed, n);
@@ -208,14 +208,14 @@ pub fn record_fields(shape: Shape, seed: u64, i: u64) -> (Kind, String, Fields) 
 }
 
 /// Record `i` of a stream: its kind, key and JSON value.
-pub fn record(shape: Shape, seed: u64, i: u64) -> (Kind, String, String) {
+pub(crate) fn record(shape: Shape, seed: u64, i: u64) -> (Kind, String, String) {
     let (kind, k, f) = record_fields(shape, seed, i);
     (kind, k, f.json())
 }
 
 /// Distinct node keys and edge ids among `records` backlog records: the
 /// rows the graph must hold once they are all folded.
-pub fn distinct_keys(shape: Shape, records: u64) -> (usize, usize) {
+pub(crate) fn distinct_keys(shape: Shape, records: u64) -> (usize, usize) {
     let (mut nodes, mut edges) = (
         std::collections::HashSet::new(),
         std::collections::HashSet::new(),
@@ -238,37 +238,37 @@ pub fn distinct_keys(shape: Shape, records: u64) -> (usize, usize) {
 /// all of them are kept in one vector indexed by *slot* (topic index ×
 /// partitions + partition), so every phase compares like with like.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Topics {
+pub(crate) struct Topics {
     pub nodes: String,
     pub edges: Option<String>,
     pub partitions: i32,
 }
 
 impl Topics {
-    pub fn names(&self) -> Vec<&str> {
+    pub(crate) fn names(&self) -> Vec<&str> {
         std::iter::once(self.nodes.as_str())
             .chain(self.edges.as_deref())
             .collect()
     }
 
-    pub fn of(&self, k: Kind) -> &str {
+    pub(crate) fn of(&self, k: Kind) -> &str {
         match k {
             Kind::Node => &self.nodes,
             Kind::Edge => self.edges.as_deref().expect("edge topic in an edge mix"),
         }
     }
 
-    pub fn slots(&self) -> usize {
+    pub(crate) fn slots(&self) -> usize {
         self.names().len() * self.partitions as usize
     }
 
-    pub fn slot(&self, topic: &str, partition: i32) -> Option<usize> {
+    pub(crate) fn slot(&self, topic: &str, partition: i32) -> Option<usize> {
         let t = self.names().iter().position(|n| *n == topic)?;
         Some(t * self.partitions as usize + partition as usize)
     }
 
     /// (topic, partition) of a slot.
-    pub fn at(&self, slot: usize) -> (&str, i32) {
+    pub(crate) fn at(&self, slot: usize) -> (&str, i32) {
         let p = self.partitions as usize;
         (self.names()[slot / p], (slot % p) as i32)
     }
@@ -278,14 +278,14 @@ impl Topics {
 /// offset + 1: the stop condition of every phase, exact where tansu's high
 /// watermarks are not), and, when recording, (slot, offset, timestamp ms)
 /// per record so latencies can be taken per record later.
-pub struct Deliveries {
+pub(crate) struct Deliveries {
     pub ends: Mutex<Vec<i64>>,
     pub delivered: Mutex<u64>,
     pub acked: Mutex<Vec<(usize, i64, i64)>>,
     pub failed: Mutex<u64>,
 }
 
-pub struct Recorder {
+pub(crate) struct Recorder {
     pub d: Arc<Deliveries>,
     pub topics: Topics,
     pub record: bool,
@@ -315,7 +315,7 @@ impl ProducerContext for Recorder {
     }
 }
 
-pub fn producer(
+pub(crate) fn producer(
     bootstrap: &str,
     topics: &Topics,
     record: bool,
@@ -341,7 +341,7 @@ pub fn producer(
 }
 
 /// Sends one record, waiting out a full local queue instead of failing.
-pub fn send(
+pub(crate) fn send(
     p: &BaseProducer<Recorder>,
     topic: &str,
     key: &str,
@@ -376,7 +376,7 @@ fn finish(p: &BaseProducer<Recorder>, d: &Deliveries, sent: u64) -> Result<(), B
     Ok(())
 }
 
-pub struct Backlog {
+pub(crate) struct Backlog {
     pub records_per_s: f64,
     /// End offset per slot, from the broker's acks.
     pub ends: Vec<i64>,
@@ -386,7 +386,7 @@ pub struct Backlog {
 
 /// Produces the whole backlog (node and edge records interleaved as the
 /// shape says), encoded by `codec` in chunks, and waits for every delivery.
-pub fn produce_backlog(
+pub(crate) fn produce_backlog(
     bootstrap: &str,
     topics: &Topics,
     shape: Shape,
@@ -430,7 +430,7 @@ fn fields_of(
 }
 
 /// Produces one record now (the primer that proves a consumer has joined).
-pub fn produce_one(
+pub(crate) fn produce_one(
     bootstrap: &str,
     topics: &Topics,
     shape: Shape,
@@ -448,7 +448,7 @@ pub fn produce_one(
 /// each stamped with the wall clock at send time, in 10 ms ticks (so
 /// "record timestamp" is when the record entered the system, not when a
 /// backlog was written). Blocking; run it on its own thread.
-pub fn produce_paced(
+pub(crate) fn produce_paced(
     bootstrap: &str,
     topics: &Topics,
     shape: Shape,
@@ -483,7 +483,7 @@ pub fn produce_paced(
 }
 
 /// What a paced producer delivered.
-pub struct Paced {
+pub(crate) struct Paced {
     /// (slot, offset, timestamp ms) per record.
     pub records: Vec<(usize, i64, i64)>,
     /// End offset per slot, from the broker's acks.
