@@ -46,7 +46,8 @@ pub(super) struct AvroFormat {
     unknown_reject: bool,
     batch_size: usize,
     type_name: String,
-    writers: HashMap<u32, Writer>,
+    /// By schema id, looked up for every record: a fast hash of a u32.
+    writers: HashMap<u32, Writer, foldhash::fast::RandomState>,
 }
 
 /// What is known of one writer schema id.
@@ -74,7 +75,7 @@ impl AvroFormat {
             unknown_reject: mapping.unknown_fields == UnknownFields::Reject,
             batch_size: batch_size + 1,
             type_name: ty.name.clone(),
-            writers: HashMap::new(),
+            writers: HashMap::default(),
         })
     }
 
@@ -209,26 +210,31 @@ impl ValueFormat for AvroFormat {
     }
 
     fn decode(&mut self, values: &[&[u8]]) -> Step<RecordBatch> {
-        // Group by writer id, keeping each value's place.
+        // Group by writer id, keeping each value's place. A poll is most
+        // often of one writer: groups are found by a scan of the few ids,
+        // not by hashing each value's.
         let mut ids: Vec<u32> = Vec::new();
-        let mut groups: HashMap<u32, Vec<&[u8]>> = HashMap::new();
+        let mut groups: Vec<Vec<&[u8]>> = Vec::new();
         let mut place: Vec<(usize, usize)> = Vec::with_capacity(values.len());
         for v in values {
             let id = match wire::frame(v) {
                 Ok(f) => f.schema_id,
                 Err(e) => return bad(RejectCode::BadFraming, e.0),
             };
-            let g = groups.entry(id).or_default();
-            if g.is_empty() {
-                ids.push(id);
-            }
-            let group = ids.iter().position(|&i| i == id).expect("pushed");
-            place.push((group, g.len()));
-            g.push(v);
+            let group = match ids.iter().position(|&i| i == id) {
+                Some(g) => g,
+                None => {
+                    ids.push(id);
+                    groups.push(Vec::new());
+                    ids.len() - 1
+                }
+            };
+            place.push((group, groups[group].len()));
+            groups[group].push(v);
         }
         let mut parts: Vec<Vec<ArrayRef>> = Vec::with_capacity(ids.len());
-        for id in &ids {
-            let batch = self.decode_id(*id, &groups[id])?;
+        for (id, group) in ids.iter().zip(&groups) {
+            let batch = self.decode_id(*id, group)?;
             parts.push(self.to_values(&batch)?);
         }
         let columns = if parts.len() == 1 {

@@ -50,7 +50,8 @@ pub(super) struct ProtobufFormat {
     message: Option<String>,
     unknown_reject: bool,
     type_name: String,
-    writers: HashMap<u32, Writer>,
+    /// By schema id, looked up for every record: a fast hash of a u32.
+    writers: HashMap<u32, Writer, foldhash::fast::RandomState>,
 }
 
 enum Writer {
@@ -83,7 +84,7 @@ impl ProtobufFormat {
             message: mapping.message.clone(),
             unknown_reject: mapping.unknown_fields == UnknownFields::Reject,
             type_name: ty.name.clone(),
-            writers: HashMap::new(),
+            writers: HashMap::default(),
         })
     }
 

@@ -92,20 +92,32 @@ impl SchemaHolds {
         };
         let mut keep = Vec::with_capacity(msgs.len());
         let mut newly: Vec<TopicPartition> = Vec::new();
+        // Per record this runs on the hot path: the topic's decoder is
+        // looked up once per run of records of one topic, and the held set
+        // only while a partition is held.
+        let mut last: Option<(&str, &RecordDecoder)> = None; // from `decoders`
         for m in msgs {
-            let tp = (m.topic().to_string(), m.partition());
-            if let Some(h) = self.held.get(&tp) {
-                // Fetched before the hold landed: read again after it.
-                debug_assert!(m.offset() >= h.offset);
-                continue;
+            let topic = m.topic();
+            if !self.held.is_empty() {
+                if let Some(h) = self.held.get(&(topic.to_string(), m.partition())) {
+                    // Fetched before the hold landed: read again after it.
+                    debug_assert!(m.offset() >= h.offset);
+                    continue;
+                }
             }
-            let wanted = decoders
-                .get(m.topic())
-                .and_then(|d| d.unlearned_subject(m.key(), m.payload()));
+            let decoder = match last {
+                Some((t, d)) if t == topic => Some(d),
+                _ => {
+                    last = decoders.get_key_value(topic).map(|(t, d)| (t.as_str(), d));
+                    last.map(|(_, d)| d)
+                }
+            };
+            let wanted = decoder.and_then(|d| d.unlearned_subject(m.key(), m.payload()));
             let Some((subject, id)) = wanted else {
                 keep.push(m);
                 continue;
             };
+            let tp = (topic.to_string(), m.partition());
             self.held.insert(
                 tp.clone(),
                 Held {
