@@ -96,6 +96,29 @@ pub struct Hostile {
     pub expect: Expect,
 }
 
+/// `struct $name(Records)` that derefs to its [`Records`], for a format's
+/// corpus to add its own ways of making records (hostile/avro.rs,
+/// hostile/protobuf.rs).
+macro_rules! records_corpus {
+    ($name:ident) => {
+        struct $name(Records);
+
+        impl std::ops::Deref for $name {
+            type Target = Records;
+            fn deref(&self) -> &Records {
+                &self.0
+            }
+        }
+
+        impl std::ops::DerefMut for $name {
+            fn deref_mut(&mut self) -> &mut Records {
+                &mut self.0
+            }
+        }
+    };
+}
+use records_corpus;
+
 /// One format corpus's records as they are made (hostile/avro.rs,
 /// hostile/protobuf.rs): Things with fresh ids of a fixed width (so the
 /// records of a truncation series share one layout), each with a trace

@@ -189,22 +189,9 @@ impl Thing {
     }
 }
 
-/// The corpus as it is made: [`Records`], and this format's ways of making
-/// a bad record from a good one.
-struct Corpus(Records);
-
-impl std::ops::Deref for Corpus {
-    type Target = Records;
-    fn deref(&self) -> &Records {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Corpus {
-    fn deref_mut(&mut self) -> &mut Records {
-        &mut self.0
-    }
-}
+// The corpus as it is made: [`Records`], and this format's ways of making
+// a bad record from a good one (below).
+super::records_corpus!(Corpus);
 
 impl Corpus {
     /// A good Thing (fresh id) with `field` set to `bytes`.
