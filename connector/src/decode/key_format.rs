@@ -9,7 +9,7 @@
 //! - A key in a registry format (`avro`, `protobuf`, `json_schema`) is
 //!   framed as values are and decoded by the same value format (format.rs),
 //!   over a schema of the key's fields: the node's `@key` properties, or
-//!   `id` (a string) for an edge id. An Avro key is a record holding those
+//!   `id` (a string, or an integer read as its text) for an edge id. An Avro key is a record holding those
 //!   fields, or for a one-part key a bare primitive (`avro::key_record`). A
 //!   JSON Schema key is a JSON scalar, array (a composite key) or object
 //!   holding the fields, after the prefix.
@@ -52,6 +52,9 @@ pub(super) enum KeyFormat {
 pub(super) struct Framed {
     name: KeyFormatName,
     format: Format,
+    /// For an edge id: the same format over a numeric `id`, for a key
+    /// schema that holds a `long` or an `int` (the id is then its text).
+    numeric: Option<Format>,
     /// The key's fields, in `@key` order (`id` for an edge).
     fields: Vec<String>,
     node: bool,
@@ -118,9 +121,23 @@ impl KeyFormat {
             fields: Arc::new(Schema::new(fields)),
             composite: vec![],
         };
+        let numeric = if node {
+            None
+        } else {
+            let values = ValueSchema {
+                fields: Arc::new(Schema::new(vec![Field::new(
+                    EDGE_ID,
+                    DataType::Int64,
+                    false,
+                )])),
+                composite: vec![],
+            };
+            Some(Format::of(&key_mapping, ty, values, batch_size)?)
+        };
         Ok(KeyFormat::Framed(Box::new(Framed {
             name: mapping.key_format,
             format: Format::of(&key_mapping, ty, values, batch_size)?,
+            numeric,
             fields: names,
             node,
         })))
@@ -150,6 +167,9 @@ impl KeyFormat {
                 },
                 (_, s, _) => s,
             };
+            if let Some(numeric) = &mut f.numeric {
+                numeric.learn(id, schema.clone());
+            }
             f.format.learn(id, schema);
         }
     }
@@ -184,6 +204,7 @@ impl Framed {
     fn plain(&mut self, records: &[SourceRecord<'_>]) -> Vec<PlainKey> {
         let mut out: Vec<PlainKey> = Vec::with_capacity(records.len());
         let mut todo: Vec<(usize, &[u8])> = Vec::new();
+        let mut numeric: Vec<(usize, &[u8])> = Vec::new();
         for (i, r) in records.iter().enumerate() {
             out.push(PlainKey::Same);
             let Some(key) = r.key else { continue };
@@ -196,7 +217,14 @@ impl Framed {
                 },
                 _ => self.format.screen(key),
             };
-            if let Some((code, m)) = screened {
+            let takes_numeric = || {
+                self.numeric
+                    .as_ref()
+                    .is_some_and(|n| n.screen(key).is_none())
+            };
+            if screened.is_some() && self.name != KeyFormatName::JsonSchema && takes_numeric() {
+                numeric.push((i, key));
+            } else if let Some((code, m)) = screened {
                 out[i] = PlainKey::Bad(code, format!("key: {m}"));
             } else if self.name == KeyFormatName::JsonSchema {
                 out[i] = self.json_key(key);
@@ -204,11 +232,19 @@ impl Framed {
                 todo.push((i, key));
             }
         }
+        self.decode_into(&mut out, &todo, false);
+        self.decode_into(&mut out, &numeric, true);
+        out
+    }
+
+    /// Decodes `todo`'s keys (by the numeric edge-id format if `numeric`)
+    /// into `out`, each as its plain form or its reject.
+    fn decode_into(&mut self, out: &mut [PlainKey], todo: &[(usize, &[u8])], numeric: bool) {
         if todo.is_empty() {
-            return out;
+            return;
         }
         let keys: Vec<&[u8]> = todo.iter().map(|(_, k)| *k).collect();
-        match self.parts(&keys) {
+        match self.parts(&keys, numeric) {
             Ok(parts) => {
                 for ((i, _), p) in todo.iter().zip(parts) {
                     out[*i] = p;
@@ -217,7 +253,7 @@ impl Framed {
             // One bad key fails the batch: read each alone to name it.
             Err(_) => {
                 for (i, k) in todo {
-                    out[i] = match self.parts(&[k]) {
+                    out[*i] = match self.parts(&[k], numeric) {
                         Ok(mut p) => p.pop().expect("one key"),
                         Err(Fail::Record(code, m)) => PlainKey::Bad(code, format!("key: {m}")),
                         Err(Fail::System(e)) => {
@@ -227,12 +263,15 @@ impl Framed {
                 }
             }
         }
-        out
     }
 
     /// Keys decoded by the format, each as its plain form.
-    fn parts(&mut self, keys: &[&[u8]]) -> std::result::Result<Vec<PlainKey>, Fail> {
-        let batch = self.format.decode(keys)?;
+    fn parts(&mut self, keys: &[&[u8]], numeric: bool) -> std::result::Result<Vec<PlainKey>, Fail> {
+        let format = match (numeric, &mut self.numeric) {
+            (true, Some(n)) => n,
+            _ => &mut self.format,
+        };
+        let batch = format.decode(keys)?;
         let mut texts: Vec<StringArray> = Vec::with_capacity(self.fields.len());
         for c in batch.columns() {
             let t = cast(c, &DataType::Utf8)

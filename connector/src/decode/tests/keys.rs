@@ -163,6 +163,16 @@ fn an_edge_id_from_a_framed_key() {
     // Its tombstone deletes the same id.
     let out = d.decode(&[rec(1, Some(&k), None)]).unwrap();
     assert_eq!(deleted(&out), ["e1"]);
+    // A `long` key gives the id as its text, beside string keys in one poll.
+    d.learn_subject(Subject::Key, 2, learned(SchemaType::Avro, r#""long""#));
+    let mut seven = Vec::new();
+    wire::put_zigzag(&mut seven, 7);
+    let n = wire::framed(2, &seven);
+    let out = d
+        .decode(&[rec(2, Some(&n), Some(v)), rec(3, Some(&k), Some(v))])
+        .unwrap();
+    assert!(out.rejects.is_empty(), "{:?}", out.rejects);
+    assert_eq!(ids(out.upserts.as_ref().unwrap()), ["7", "e1"]);
 }
 
 #[test]
