@@ -283,6 +283,22 @@ pub struct GraphSettings {
     /// to this. It never gives up on those; refusals stop the run.
     #[serde(default = "default_storage_backoff", with = "humantime_serde")]
     pub storage_retry_max_backoff: Duration,
+    /// What a start does with a schema change the graph can take
+    /// (docs/schema-evolution.md).
+    #[serde(default)]
+    pub evolve: Evolve,
+}
+
+/// Whether a start applies an allowed schema change itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Evolve {
+    /// Apply every additive and loosening change (and tightened
+    /// constraints) at start, as one schema commit.
+    #[default]
+    Additive,
+    /// Refuse every schema change at start; `graphsink migrate` applies it.
+    None,
 }
 
 /// Object-store options. Their values may be credentials, so `Debug` shows

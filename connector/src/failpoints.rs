@@ -57,6 +57,12 @@ pub(crate) const GC_AFTER_WAL: &str = "gc.after_wal";
 pub(crate) const GC_AFTER_TRIM: &str = "gc.after_trim";
 /// Retention, after the first file of a generation directory is deleted.
 pub(crate) const GC_GENERATION_PARTIAL: &str = "gc.generation_partial";
+/// A schema change, after one table is altered or created, before the rest
+/// (`graph/migrate.rs`).
+pub(crate) const MIGRATE_AFTER_TABLE: &str = "migrate.after_table";
+/// A schema change, every table altered or created, before the schema
+/// commit.
+pub(crate) const MIGRATE_BEFORE_COMMIT: &str = "migrate.before_commit";
 /// Retention, after the generation step.
 pub(crate) const GC_AFTER_GENERATIONS: &str = "gc.after_generations";
 /// Retention, after the first table's old versions are cleaned.

@@ -40,13 +40,14 @@ mod validate;
 /// The `graphsink` command line (the binary is this one call).
 pub use cli::main as cli_main;
 pub use config::{
-    Coerce, Config, DeletePolicy, EndpointPolicy, ErrorSettings, FoldSettings, GraphSettings,
-    HttpSettings, KeyOrigin, KeySource, LogFormat, LogSettings, Mapping, OffsetSettings,
-    RetentionSettings, RuntimeSettings, StorageOptions, Tolerance, UnknownFields, WalSettings,
+    Coerce, Config, DeletePolicy, EndpointPolicy, ErrorSettings, Evolve, FoldSettings,
+    GraphSettings, HttpSettings, KeyOrigin, KeySource, LogFormat, LogSettings, Mapping,
+    OffsetSettings, RetentionSettings, RuntimeSettings, StorageOptions, Tolerance, UnknownFields,
+    WalSettings,
 };
 pub use error::{Error, ErrorKind, Result};
 /// Reading a graph: its commits, and each table at the version a commit pins.
-pub use graph::{row_counts, FoldedShard, Graph, GraphCommit, TableStats};
+pub use graph::{row_counts, FoldedShard, Graph, GraphCommit, SchemaChange, TableStats};
 /// The operator's endpoint: `/metrics`, `/health`, `/ready`.
 pub use http::serve as serve_http;
 pub use kafka::client::CONSUMER_DEFAULTS;
@@ -67,7 +68,10 @@ pub use query::status::{
     graph_status, kafka_status, GraphStatus, KafkaStatus, LastFold, PartitionStatus, PendingStatus,
     ShardState,
 };
-pub use query::{check, commits, fold_offline, gc, snapshot, CheckSummary, Snapshot, TableRows};
+pub use query::{
+    check, commits, fold_offline, gc, migrate, snapshot, CheckSummary, MigrateReport, Snapshot,
+    TableRows,
+};
 pub use rejects::{Reject, RejectCode, Stage};
 /// What retention removed, and storage per table.
 pub use retention::{GcReport, Removed, TableGc, TableStorage};

@@ -32,21 +32,6 @@ const V2: &str = r#"{"type":"record","name":"Person","namespace":"gs.test","fiel
 const KNOWS: &str = r#"{"type":"record","name":"Knows","namespace":"gs.test","fields":[
     {"name":"src","type":"string"},{"name":"dst","type":"string"},{"name":"since","type":"int"}]}"#;
 
-/// The Python with Confluent's client (scripts/lib.sh `ensure_sr_client`).
-fn sr_python() -> String {
-    if let Ok(p) = std::env::var("SR_PYTHON") {
-        return p;
-    }
-    let cache = std::env::var("GRAPHSINK_CACHE")
-        .unwrap_or_else(|_| format!("{}/.cache/graphsink", std::env::var("HOME").expect("HOME")));
-    let p = format!("{cache}/sr-client-venv/bin/python");
-    assert!(
-        std::path::Path::new(&p).exists(),
-        "no Python with confluent-kafka for the registry-format tests: run `bash scripts/test.sh`, which installs it (ensure_sr_client), or set SR_PYTHON"
-    );
-    p
-}
-
 /// Apicurio's Confluent-compatible URL. Never skips: scripts/test.sh
 /// starts Apicurio and sets it.
 fn apicurio() -> String {
@@ -138,33 +123,12 @@ fn encode_keyed(registry: &str, topic: &str, job: Value) -> Vec<Encoded> {
         .collect()
 }
 
-/// Rows of `table` at the head commit, read by pylance (lance_rows.py), not
-/// by graphsink's Rust reader: id → row.
+/// Rows of `table` at the head commit, read by pylance, not by graphsink's
+/// Rust reader: id → row.
 async fn pylance_rows(tg: &TestGraph, table: &str) -> BTreeMap<String, Value> {
     let g = tg.graph().await;
     let version = g.head().await.unwrap().tables[table];
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/lance_rows.py");
-    let options = serde_json::to_string(g.store().options()).unwrap();
-    let out = Command::new(sr_python())
-        .arg(script)
-        .arg(g.table_uri(table))
-        .arg(version.to_string())
-        .arg(options)
-        .output()
-        .expect("run lance_rows.py");
-    assert!(
-        out.status.success(),
-        "lance_rows.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let row: Value = serde_json::from_str(l).unwrap();
-            (row["id"].as_str().unwrap().to_string(), row)
-        })
-        .collect()
+    pylance_rows_at(&g, table, version)
 }
 
 fn raw(partition: i32, key: &str, value: Option<Vec<u8>>) -> RawRec {

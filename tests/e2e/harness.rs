@@ -667,3 +667,49 @@ pub(crate) async fn try_run_to_end(tg: &TestGraph) -> graphsink::Result<graphsin
     .await
     .expect("run reached the end in time")
 }
+
+/// The Python with Confluent's client (scripts/lib.sh `ensure_sr_client`).
+pub(crate) fn sr_python() -> String {
+    if let Ok(p) = std::env::var("SR_PYTHON") {
+        return p;
+    }
+    let cache = std::env::var("GRAPHSINK_CACHE")
+        .unwrap_or_else(|_| format!("{}/.cache/graphsink", std::env::var("HOME").expect("HOME")));
+    let p = format!("{cache}/sr-client-venv/bin/python");
+    assert!(
+        std::path::Path::new(&p).exists(),
+        "no Python with confluent-kafka for the registry-format tests: run `bash scripts/test.sh`, which installs it (ensure_sr_client), or set SR_PYTHON"
+    );
+    p
+}
+
+/// Rows of `table` at `version`, read by pylance (lance_rows.py), not by
+/// graphsink's Rust reader: id → row.
+pub(crate) fn pylance_rows_at(
+    g: &Graph,
+    table: &str,
+    version: u64,
+) -> BTreeMap<String, serde_json::Value> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/lance_rows.py");
+    let options = serde_json::to_string(g.store().options()).unwrap();
+    let out = Command::new(sr_python())
+        .arg(script)
+        .arg(g.table_uri(table))
+        .arg(version.to_string())
+        .arg(options)
+        .output()
+        .expect("run lance_rows.py");
+    assert!(
+        out.status.success(),
+        "lance_rows.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let row: serde_json::Value = serde_json::from_str(l).unwrap();
+            (row["id"].as_str().unwrap().to_string(), row)
+        })
+        .collect()
+}

@@ -2,6 +2,7 @@
 //! tables on disk, the real binary where a process must die.
 
 mod edges;
+mod evolution;
 mod formats;
 mod group;
 mod harness;

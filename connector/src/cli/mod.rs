@@ -63,6 +63,21 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Apply the config's schema change to the graph (a fold to
+    /// quiescence, then one schema commit), as `run` does at start.
+    /// Claims every shard, so it refuses while the group has members.
+    Migrate {
+        #[arg(long)]
+        config: PathBuf,
+        /// Print the plan and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Migrate even while the group has members: their writers are
+        /// fenced, and a member still on the old schema is refused at its
+        /// next start.
+        #[arg(long)]
+        force: bool,
+    },
     /// Graph commits, newest first.
     Log {
         #[arg(long)]
@@ -215,6 +230,7 @@ impl Command {
             Command::Check { config }
             | Command::Run { config, .. }
             | Command::Fold { config, .. }
+            | Command::Migrate { config, .. }
             | Command::Log { config, .. }
             | Command::Show { config, .. }
             | Command::Status { config, .. }
@@ -243,6 +259,18 @@ async fn dispatch(cmd: Command) -> Result<()> {
                 query::refuse_if_members(&config).await?;
             }
             print::folded(query::fold_offline(&config).await?.as_ref());
+            Ok(())
+        }
+        Command::Migrate {
+            config,
+            dry_run,
+            force,
+        } => {
+            let config = Config::load(&config)?;
+            if !force && !dry_run {
+                query::refuse_if_members(&config).await?;
+            }
+            print::migrated(&query::migrate(&config, dry_run).await?, dry_run);
             Ok(())
         }
         Command::Log { config, limit } => {

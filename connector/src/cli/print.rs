@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::graph::GraphCommit;
 use crate::kafka::queries::GroupMember;
 use crate::query::status::{GraphStatus, KafkaStatus};
-use crate::query::{CheckSummary, GcReport, Snapshot, TableGc};
+use crate::query::{CheckSummary, GcReport, MigrateReport, Snapshot, TableGc};
 use crate::rejects::Reject;
 use crate::types::TopicPartition;
 
@@ -49,6 +49,36 @@ pub(super) fn folded(c: Option<&GraphCommit>) {
     }
 }
 
+pub(super) fn migrated(r: &MigrateReport, dry_run: bool) {
+    if r.plan.changes.is_empty() {
+        println!(
+            "nothing to migrate: the graph is at schema version {}",
+            r.version
+        );
+        return;
+    }
+    for change in &r.plan.changes {
+        println!("  {change}");
+    }
+    match &r.applied {
+        Some(c) => println!(
+            "applied {} change(s) as schema version {}: commit {} (seq {}); {} fold(s) first; writes paused {} ms",
+            r.plan.changes.len(),
+            c.schema_version,
+            c.id,
+            c.seq,
+            r.folds,
+            r.paused.as_millis()
+        ),
+        None if dry_run => println!(
+            "dry run: {} change(s) against schema version {}; nothing applied",
+            r.plan.changes.len(),
+            r.version
+        ),
+        None => println!("nothing applied"),
+    }
+}
+
 pub(super) fn commit(c: &GraphCommit) {
     let when = chrono::DateTime::from_timestamp_millis(c.created_at)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
@@ -56,6 +86,12 @@ pub(super) fn commit(c: &GraphCommit) {
     println!("commit {}  seq {}  {}  by {}", c.id, c.seq, when, c.actor);
     if let Some(p) = &c.parent {
         println!("  parent  {p}");
+    }
+    if let Some(change) = &c.schema_change {
+        println!("  schema  version {}", c.schema_version);
+        for line in &change.changes {
+            println!("    {line}");
+        }
     }
     for (table, s) in &c.stats {
         println!(

@@ -20,6 +20,7 @@
 
 mod checks;
 mod keys;
+mod migrate;
 mod offline;
 mod plan;
 mod policy;
@@ -43,6 +44,7 @@ use publish::Published;
 use read::ReadSet;
 
 pub(crate) use keys::kept_ids_agree;
+pub(crate) use migrate::migrate;
 pub use offline::fold_offline;
 pub(crate) use plan::oldest_pending;
 pub use plan::{plan, FoldPlan};

@@ -39,6 +39,19 @@ pub(crate) async fn publish(
         if head.id == plan.commit_id {
             return Ok(Published::Done(head)); // published before a crash
         }
+        if head.schema_version != graph.schema_version() {
+            // A member with a newer schema changed the graph (and fenced
+            // this one's writers): nothing of this fold may land under it.
+            return Err(Error::Incompatible {
+                root: graph.root().to_string(),
+                message: format!(
+                    "the graph's schema is version {}, this process's is version {}: a member \
+                     with a newer schema changed it; restart this member with that schema",
+                    head.schema_version,
+                    graph.schema_version()
+                ),
+            });
+        }
         if head.id != checked_on {
             return Ok(Published::Moved(head));
         }
@@ -100,6 +113,8 @@ pub(crate) fn commit_on(plan: &FoldPlan, outcomes: &Outcomes, head: &GraphCommit
         dead_letters_delivered: plan.dead_letters_delivered,
         folder: plan.folder.clone(),
         dead_letter_since: plan.dead_letter_since.clone(),
+        schema_version: head.schema_version,
+        schema_change: None,
     }
 }
 

@@ -204,10 +204,19 @@ fn pick_upserts(
             let cols: Vec<ArrayRef> = base_schema
                 .fields()
                 .iter()
-                .map(|f| {
-                    batch.column_by_name(f.name()).cloned().ok_or_else(|| {
-                        Error::Corrupt(format!("generation lacks column {}", f.name()))
-                    })
+                .map(|f| match batch.column_by_name(f.name()) {
+                    Some(c) => Ok(c.clone()),
+                    // A generation flushed before a schema change added
+                    // this column: its rows hold null, as Lance's own
+                    // reads give them.
+                    None if f.is_nullable() => Ok(arrow::array::new_null_array(
+                        f.data_type(),
+                        batch.num_rows(),
+                    )),
+                    None => Err(Error::Corrupt(format!(
+                        "generation lacks column {}",
+                        f.name()
+                    ))),
                 })
                 .collect::<Result<_>>()?;
             RecordBatch::try_new(loose.clone(), cols).ctx("generation columns")

@@ -151,6 +151,11 @@ async fn unpublished_plan(graph: &Graph) -> Result<Option<FoldPlan>> {
                 if only_reserves(&ds, v).await? {
                     continue; // compaction's fragment-id reservation: no rows
                 }
+                if is_schema_change(txn.as_ref().map(|t| &t.operation)) {
+                    // A schema change not yet committed (`graph/migrate.rs`):
+                    // no rows; the next start with the new schema finishes it.
+                    continue;
+                }
                 return Err(Error::Corrupt(format!(
                     "{table} has version {v} after the published {pinned} that graphsink did not write; refusing to guess"
                 )));
@@ -164,6 +169,16 @@ async fn unpublished_plan(graph: &Graph) -> Result<Option<FoldPlan>> {
         }
     }
     Ok(found)
+}
+
+/// Whether a table version only changed its schema: `add_columns` of
+/// all-null columns (a `Merge`) or a nullability change (a `Project`), the
+/// two a schema change makes.
+fn is_schema_change(op: Option<&Operation>) -> bool {
+    matches!(
+        op,
+        Some(Operation::Merge { .. } | Operation::Project { .. })
+    )
 }
 
 /// Keeps `p` as the one unpublished plan, refusing a second one.

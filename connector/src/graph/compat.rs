@@ -2,15 +2,19 @@
 //! (`evolve`: what changed since the graph's recorded schema), the tables,
 //! their columns and MemWAL, and the shard layout it was created with.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use arrow_schema::Schema;
 use lance::dataset::mem_wal::DatasetMemWalExt;
 
-use crate::config::Sharding;
+use crate::config::{Config, Evolve, Sharding};
 use crate::error::{Context, Error, Result};
-use crate::schema::{same_columns, GraphSchema, TableLayout};
+use crate::schema::{pending_table, same_columns, GraphSchema, TableLayout};
 
 use super::evolve::{self, Change, Class};
-use super::Graph;
+use super::layout::{SchemaRecord, ShardLayout};
+use super::{Evolution, Graph};
 
 /// The plan of schema changes, as a start or `check` reads it.
 #[derive(Debug, Clone, Default)]
@@ -20,14 +24,19 @@ pub struct SchemaPlan {
 }
 
 impl SchemaPlan {
-    /// Changes a start refuses, each one line: destructive ones, and those
-    /// that alter a table, which graphsink does not apply to an existing
-    /// graph yet (docs/schema-evolution.md). Constraint changes apply.
-    pub fn refused(&self) -> Vec<&Change> {
+    /// Changes a start refuses, each one line: destructive ones always;
+    /// under `[graph] evolve = "none"` every change (`graphsink migrate`
+    /// applies them).
+    pub fn refused(&self, evolve: Evolve) -> Vec<&Change> {
         self.changes
             .iter()
-            .filter(|c| c.class == Class::Destructive || c.alters_table)
+            .filter(|c| c.class == Class::Destructive || evolve == Evolve::None)
             .collect()
+    }
+
+    /// Whether a table must change (a column, its nullability, a table).
+    pub fn alters_tables(&self) -> bool {
+        self.changes.iter().any(|c| c.alters_table)
     }
 }
 
@@ -49,28 +58,51 @@ impl Graph {
                 return Ok(SchemaPlan::default());
             }
         };
+        if let Some(k) = self.older_version(&schema.source).await? {
+            return Err(Error::Incompatible {
+                root: self.root.clone(),
+                message: format!(
+                    "the graph's schema is version {}, this config's is older (version {k}): a \
+                     member with a newer schema changed it; start this member with the graph's \
+                     schema (graphsink log shows each schema commit)",
+                    self.head().await?.schema_version
+                ),
+            });
+        }
         Ok(SchemaPlan {
             changes: evolve::diff(&old, schema),
         })
     }
 
     /// Refuses a graph whose tables, columns or bucket counts differ from
-    /// what the schema and config now ask for: each refused schema change
-    /// by name, one line each. Constraint changes (loosening, tightening)
-    /// apply to records from now on, and are said once at start.
-    pub(super) async fn check_compatible(&self) -> Result<()> {
+    /// what the schema and config now ask for, and each refused schema
+    /// change by name, one line each. An allowed change is left waiting
+    /// (`evolving`): the graph opens with its own schema, and a start
+    /// applies the change after a fold to quiescence (`fold::migrate`).
+    pub(super) async fn check_compatible(&mut self, config: &Config) -> Result<()> {
         let head = self.head().await?;
+        let root = self.root.clone();
         let incompatible = |message: String| Error::Incompatible {
-            root: self.root.clone(),
+            root: root.clone(),
             message,
         };
         let plan = self.schema_plan(&self.schema).await?;
-        let refused = plan.refused();
+        let record = self.record().await?;
+        let refused = plan.refused(config.graph.evolve);
         if !refused.is_empty() {
             return Err(refusal(&self.root, &refused));
         }
-        for c in &plan.changes {
-            tracing::info!(event = "schema_constraint_changed", class = c.class.as_str(), type_name = %c.type_name, "{}", c.what);
+        if !plan.changes.is_empty() {
+            let record = record.as_ref().expect("a plan comes from a record");
+            let old = GraphSchema::parse(&record.source, "the graph's recorded schema")?;
+            let new = std::mem::replace(&mut self.schema, Arc::new(old));
+            let new = Arc::try_unwrap(new).unwrap_or_else(|a| (*a).clone());
+            check_new_topics(&self.layout, record, &new, config).map_err(|m| incompatible(m))?;
+            self.evolving = Some(Arc::new(Evolution {
+                schema: new,
+                plan,
+                layout: (*self.layout).clone(),
+            }));
         }
         let all = self.schema.tables();
         let want: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
@@ -84,23 +116,42 @@ impl Graph {
                 have.join(", ")
             )));
         }
+        let mut stored = BTreeMap::new();
         for TableLayout {
             name: table,
             schema,
             ..
         } in &all
         {
-            let ds = self.open_table(table, Some(head.tables[table])).await?;
+            let latest = self.open_table(table, None).await?;
+            let pinned = head.tables[table];
+            let ds = match latest.version().version == pinned {
+                true => latest.clone(),
+                false => self.open_table(table, Some(pinned)).await?,
+            };
             let actual: Schema = ds.schema().into();
             same_columns(schema, &actual)
                 .map_err(|m| incompatible(format!("{table}: schema wants {m}")))?;
+            if self.evolving.is_none() {
+                let now: Schema = latest.schema().into();
+                if let Err(m) = same_columns(schema, &now) {
+                    // A start with a newer schema altered it and stopped
+                    // before its schema commit (`graph/migrate.rs`).
+                    return Err(incompatible(format!(
+                        "{table} carries an unfinished schema change ({m}): a start with a newer \
+                         schema was applying it; start with that schema to finish it"
+                    )));
+                }
+            }
             if self.buckets.contains_key(table)
                 && ds.mem_wal_index_details().await.ctx(table)?.is_none()
             {
                 return Err(incompatible(format!("{table} has no MemWAL")));
             }
+            stored.insert(table.clone(), actual);
         }
-        let Some(record) = self.record().await? else {
+        self.adopt_stored_order(&stored);
+        let Some(record) = record else {
             return Ok(());
         };
         let want = &self.layout;
@@ -115,6 +166,8 @@ impl Graph {
             for (topic, &n) in &want.partitions {
                 match record.partitions.get(topic) {
                     Some(&was) if was == n => {}
+                    // A new type's topic (`check_new_topics`).
+                    None if self.evolving.is_some() => {}
                     Some(&was) => return Err(incompatible(format!(
                         "topic {topic} had {was} partitions when the graph was created and has {n} now; \
                          under partition sharding a topic's partitions are its shards and cannot change"
@@ -157,6 +210,66 @@ impl Graph {
         }
         Ok(())
     }
+}
+
+impl Graph {
+    /// Builds batches in the stored tables' column order
+    /// (`GraphType::adopt_order`); `stored` holds each table's columns.
+    pub(super) fn adopt_stored_order(&mut self, stored: &BTreeMap<String, Schema>) {
+        let mut schema = (*self.schema).clone();
+        for t in &mut schema.types {
+            let Some(table) = stored.get(&t.table) else {
+                continue;
+            };
+            let pending = stored.get(&pending_table(&t.table));
+            t.adopt_order(table, pending);
+        }
+        self.schema = Arc::new(schema);
+    }
+
+    /// The schema version whose `.pg` was `source` before a later schema
+    /// commit replaced it: a config that is older than the graph.
+    async fn older_version(&self, source: &str) -> Result<Option<u32>> {
+        let mut commits = self.commits().await?;
+        commits.sort_by_key(|c| c.seq);
+        Ok(commits.iter().find_map(|c| {
+            let change = c.schema_change.as_ref()?;
+            (change.before == source).then(|| c.schema_version - 1)
+        }))
+    }
+}
+
+/// Under `partition` sharding a topic the graph was created without may
+/// feed only a new type: an existing type's shards are its topics'
+/// partitions, fixed at creation (docs/schema-evolution.md).
+fn check_new_topics(
+    want: &ShardLayout,
+    record: &SchemaRecord,
+    new: &GraphSchema,
+    config: &Config,
+) -> std::result::Result<(), String> {
+    if record.sharding != Sharding::Partition {
+        return Ok(());
+    }
+    let old = GraphSchema::parse(&record.source, "the graph's recorded schema")
+        .map_err(|e| e.to_string())?;
+    for topic in want
+        .partitions
+        .keys()
+        .filter(|t| !record.partitions.contains_key(*t))
+    {
+        for m in config.mappings.iter().filter(|m| &m.topic == topic) {
+            if old.get(m.type_name()).is_some() && new.get(m.type_name()).is_some() {
+                return Err(format!(
+                    "topic {topic} is new and maps to {}, which the graph already has: under \
+                     partition sharding a type's topics are fixed when it is created (its shards \
+                     are their partitions); a new topic may feed a new type",
+                    m.type_name()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The refusal of a plan: each refused change by name.

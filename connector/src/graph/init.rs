@@ -9,7 +9,7 @@ use lance::dataset::mem_wal::DatasetMemWalExt;
 use lance::dataset::WriteMode;
 use lance::Dataset;
 
-use crate::config::Sharding;
+use crate::config::{Config, Sharding};
 use crate::error::{Context, Error, Result};
 use crate::schema::{TableLayout, MANIFEST_TABLE, REJECTS_TABLE, SRC_PARTITION};
 use crate::types::{now_ms, PartitionOffsets};
@@ -27,7 +27,7 @@ impl Graph {
     /// gets it initialises, the others wait for its `__manifest` and open
     /// it. A claim older than `INIT_WAIT` with no manifest is a claimant
     /// that died: the next claim number takes over (init is idempotent).
-    pub(super) async fn init_once(&self) -> Result<()> {
+    pub(super) async fn init_once(&mut self, config: &Config) -> Result<()> {
         const INIT_WAIT: Duration = Duration::from_secs(60);
         let me = new_commit_id();
         for n in 0u32.. {
@@ -44,7 +44,7 @@ impl Graph {
                 match self.open_manifest().await {
                     Ok(_) => {
                         tracing::info!(root = %self.root, "another process initialised the graph; using it");
-                        return self.check_compatible().await;
+                        return self.check_compatible(config).await;
                     }
                     Err(e) if is_not_found(&e) => {}
                     Err(e) => return Err(e),
@@ -86,6 +86,7 @@ impl Graph {
             buckets: self.buckets.clone(),
             sharding: self.layout.sharding,
             partitions: self.layout.partitions.clone(),
+            version: 0,
         };
         let commit = GraphCommit {
             id: new_commit_id(),
@@ -100,6 +101,8 @@ impl Graph {
             dead_letters_delivered: 0,
             folder: None,
             dead_letter_since: PartitionOffsets::new(),
+            schema_version: 0,
+            schema_change: None,
         };
         let mut rows = ManifestRows::default();
         rows.push_commit(&commit);
@@ -125,7 +128,11 @@ impl Graph {
 
     /// Creates one table; with `buckets`, also its MemWAL index. Shard
     /// manifests are the writers' (`shards`), created when a pool opens.
-    async fn init_table(&self, layout: &TableLayout, buckets: Option<u32>) -> Result<Dataset> {
+    pub(super) async fn init_table(
+        &self,
+        layout: &TableLayout,
+        buckets: Option<u32>,
+    ) -> Result<Dataset> {
         let (schema, pk) = (&layout.schema, layout.pk);
         let uri = self.table_uri(&layout.name);
         let mut ds = match self.store.open(&uri).await {

@@ -28,6 +28,9 @@ pub(super) struct SchemaRecord {
     /// Under `partition`: each mapped topic's partition count at creation.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) partitions: BTreeMap<String, u32>,
+    /// The schema version `source` is (0 until a schema commit).
+    #[serde(default)]
+    pub(super) version: u32,
 }
 
 /// How a graph's MemWAL tables are sharded, fixed at its creation.
@@ -78,6 +81,7 @@ impl Graph {
             return Ok(());
         };
         self.buckets = record.buckets.clone();
+        self.schema_version = record.version;
         self.layout = Arc::new(ShardLayout {
             sharding: record.sharding,
             counts: record.buckets,

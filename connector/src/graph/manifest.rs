@@ -55,6 +55,23 @@ pub struct GraphCommit {
     /// reads from here to skip what a crashed folder already produced.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub dead_letter_since: PartitionOffsets,
+    /// The schema version every row of this commit was written under: 0
+    /// is the schema the graph was created with, each schema commit adds
+    /// one (docs/schema-evolution.md).
+    #[serde(default)]
+    pub schema_version: u32,
+    /// Set on a schema commit only: what it changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_change: Option<SchemaChange>,
+}
+
+/// What a schema commit changed: the `.pg` before and after, and the plan
+/// it applied, one line per change (`graphsink log` prints them).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SchemaChange {
+    pub before: String,
+    pub after: String,
+    pub changes: Vec<String>,
 }
 
 /// Generations `(after, upto]` of one shard merged by a commit.
@@ -170,7 +187,18 @@ impl Graph {
     /// racing on the head row loses with a conflict instead of overwriting.
     pub(crate) async fn publish(&self, commit: &GraphCommit) -> Result<()> {
         let ds = self.open_manifest().await?;
-        self.publish_on(ds, commit).await
+        self.publish_on(ds, commit, ManifestRows::default()).await
+    }
+
+    /// `publish`, writing `more` rows in the same Lance commit (a schema
+    /// commit and its schema record move together).
+    pub(super) async fn publish_with(
+        &self,
+        commit: &GraphCommit,
+        more: ManifestRows,
+    ) -> Result<()> {
+        let ds = self.open_manifest().await?;
+        self.publish_on(ds, commit, more).await
     }
 
     /// `publish` against `__manifest` as of `version`, as a publisher that
@@ -182,7 +210,7 @@ impl Graph {
         commit: &GraphCommit,
     ) -> Result<()> {
         let ds = self.open_table(MANIFEST_TABLE, Some(version)).await?;
-        self.publish_on(ds, commit).await
+        self.publish_on(ds, commit, ManifestRows::default()).await
     }
 
     /// Merges `__manifest`'s small fragments once there are more than
@@ -209,7 +237,12 @@ impl Graph {
         Ok(self.open_manifest().await?.version().version)
     }
 
-    async fn publish_on(&self, ds: Dataset, commit: &GraphCommit) -> Result<()> {
+    async fn publish_on(
+        &self,
+        ds: Dataset,
+        commit: &GraphCommit,
+        more: ManifestRows,
+    ) -> Result<()> {
         let head = self.head_at(&ds).await?;
         if Some(&head.id) != commit.parent.as_ref() {
             return Err(Error::CommitConflict {
@@ -217,7 +250,7 @@ impl Graph {
                 found: head.id,
             });
         }
-        let mut rows = ManifestRows::default();
+        let mut rows = more;
         rows.push_commit(commit);
         let batch = rows.into_batch();
         let mut b =

@@ -3,6 +3,7 @@
 //! - `init`: first-start creation, once however many processes start;
 //! - `compat`: what a start checks against the graph it opens;
 //! - `evolve`: the schema plan, what changed and how it is classed (pure);
+//! - `migrate`: applying a plan (columns, new tables, the schema commit);
 //! - `layout`: the shard layout and the schema record written at init;
 //! - `manifest`: the `__manifest` commit log (head, immutable commits,
 //!   table versions), the publish compare-and-swap, the dead-letter mark.
@@ -15,6 +16,7 @@ pub(crate) mod evolve;
 mod init;
 mod layout;
 mod manifest;
+mod migrate;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -31,7 +33,7 @@ pub(crate) use compat::{refusal, SchemaPlan};
 use layout::shard_layout;
 pub(crate) use layout::ShardLayout;
 pub(crate) use manifest::scan;
-pub use manifest::{new_commit_id, FoldedShard, GraphCommit, TableStats};
+pub use manifest::{new_commit_id, FoldedShard, GraphCommit, SchemaChange, TableStats};
 
 /// An open graph root.
 #[derive(Clone)]
@@ -46,6 +48,24 @@ pub struct Graph {
     pub(crate) layout: Arc<ShardLayout>,
     /// Node ids the fold keeps between folds (shared by clones).
     pub(crate) known_ids: Arc<KnownIds>,
+    /// The schema version `schema` is (0: the one the graph was created
+    /// with; each schema commit adds one).
+    pub(crate) schema_version: u32,
+    /// A schema change the config asks for and the graph takes, not yet
+    /// applied: `schema` is then still the graph's own, for the fold to
+    /// quiescence that comes first (`fold::migrate`), and `evolve` applies it.
+    pub(crate) evolving: Option<Arc<Evolution>>,
+}
+
+/// A schema change waiting to be applied.
+#[derive(Debug)]
+pub(crate) struct Evolution {
+    /// The config's schema.
+    pub(crate) schema: GraphSchema,
+    pub(crate) plan: SchemaPlan,
+    /// The shard layout the config asks for (new tables' counts, and under
+    /// `partition` new topics' partition counts).
+    pub(crate) layout: ShardLayout,
 }
 
 impl Graph {
@@ -74,14 +94,26 @@ impl Graph {
             buckets: layout.counts.clone(),
             layout: Arc::new(layout),
             known_ids: Arc::new(KnownIds::new(config.fold.known_ids_max)),
+            schema_version: 0,
+            evolving: None,
         };
         match graph.open_manifest().await {
-            Ok(_) => graph.check_compatible().await?,
-            Err(e) if is_not_found(&e) => graph.init_once().await?,
+            Ok(_) => graph.check_compatible(config).await?,
+            Err(e) if is_not_found(&e) => graph.init_once(config).await?,
             Err(e) => return Err(e),
         }
         graph.adopt_record().await?;
         Ok(graph)
+    }
+
+    /// The schema change this graph waits to apply, if any.
+    pub fn pending_plan(&self) -> Option<&SchemaPlan> {
+        self.evolving.as_ref().map(|e| &e.plan)
+    }
+
+    /// The schema version the graph is at.
+    pub fn schema_version(&self) -> u32 {
+        self.schema_version
     }
 
     /// How this graph's tables are sharded.
@@ -101,6 +133,8 @@ impl Graph {
             buckets: BTreeMap::new(),
             layout: Default::default(),
             known_ids: Arc::new(KnownIds::new(0)),
+            schema_version: 0,
+            evolving: None,
         };
         let mut graph = graph;
         graph.open_manifest().await.map_err(|e| {

@@ -15,7 +15,7 @@ pub(crate) mod record;
 pub(crate) mod stall;
 
 pub(crate) use dead_letters::DeadLetters;
-pub(crate) use queries::OffsetQueries;
+pub(crate) use queries::{partition_counts, OffsetQueries};
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 

@@ -255,11 +255,18 @@ async fn session(
     metrics.session_started();
     let schema = GraphSchema::load(&config.schema_path())?;
     let partitions = match config.wal.sharding {
-        Sharding::Partition => Some(partition_counts(config).await?),
+        Sharding::Partition => Some(crate::kafka::partition_counts(config).await?),
         Sharding::Bucket => None,
     };
     let graph = Graph::open_or_init_with(config, schema, partitions.as_ref()).await?;
     let policies = Policies::from_config(config);
+    // A schema change this config brings: applied before any writer opens
+    // (boxed: its future nests a whole fold, too deep to inline here).
+    let migrating = fold::migrate(&graph, &policies, &config.wal, &config.graph.actor);
+    let graph = match Box::pin(migrating).await? {
+        Some(m) => m.graph,
+        None => graph,
+    };
     // Under partition sharding only the member holding the fold partition
     // recovers and re-delivers, when it becomes that member (fold task).
     let partitioned = graph.layout().sharding == Sharding::Partition;
@@ -361,28 +368,6 @@ async fn session(
     total.records += summary.records;
     total.committed = summary.committed;
     Ok(())
-}
-
-/// Each mapped topic's partition count, as the broker reports it; a topic
-/// the broker does not know is a configuration error under partition
-/// sharding, whose shards are the partitions.
-async fn partition_counts(config: &Config) -> Result<BTreeMap<String, u32>> {
-    let topics: BTreeSet<String> = config.mappings.iter().map(|m| m.topic.clone()).collect();
-    let found = OffsetQueries::connect(config)?
-        .partitions(topics.into_iter().collect())
-        .await?;
-    if let Some(m) = found.missing.first() {
-        return Err(Error::config(format!(
-            "topic {} ({}): under wal.sharding = \"partition\" every mapped topic must exist \
-             first, created with its final partition count",
-            m.topic, m.error
-        )));
-    }
-    let mut out = BTreeMap::new();
-    for (t, _) in found.partitions {
-        *out.entry(t).or_insert(0) += 1;
-    }
-    Ok(out)
 }
 
 /// One decoder per mapped topic.

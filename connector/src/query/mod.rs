@@ -39,7 +39,9 @@ pub async fn check(config: &Config) -> Result<CheckSummary> {
         Err(Error::Config(_)) => graph::SchemaPlan::default(),
         Err(e) => return Err(e),
     };
-    let refused = plan.refused();
+    // What graphsink applies at all (`run` under `evolve = "none"`
+    // leaves it to `graphsink migrate`).
+    let refused = plan.refused(crate::config::Evolve::Additive);
     if !refused.is_empty() {
         return Err(graph::refusal(&config.root_uri(), &refused));
     }
@@ -158,6 +160,63 @@ pub async fn gc(config: &Config, dry_run: bool) -> Result<GcReport> {
     let graph = Graph::open_configured(config).await?;
     let window = (&config.retention).into();
     retention::collect(&graph, &window, &Default::default(), dry_run).await
+}
+
+/// What `graphsink migrate` did, or with `dry_run` would do.
+#[derive(Debug, Clone)]
+pub struct MigrateReport {
+    /// Every change, in plan order (empty: nothing to migrate).
+    pub plan: graph::SchemaPlan,
+    /// The schema version the graph is at now.
+    pub version: u32,
+    /// The schema commit, unless a dry run or nothing to do.
+    pub applied: Option<GraphCommit>,
+    /// Folds it took to reach quiescence first.
+    pub folds: usize,
+    /// How long the graph took no writes.
+    pub paused: std::time::Duration,
+}
+
+/// Applies the config's schema change to the graph offline, as a start
+/// does (a fold to quiescence, then the schema commit), whatever
+/// `[graph] evolve` says; with `dry_run`, only the plan. It claims every
+/// shard: the CLI refuses while the group has members unless `--force`.
+pub async fn migrate(config: &Config, dry_run: bool) -> Result<MigrateReport> {
+    Graph::open_configured(config).await?; // an existing graph, not a new one
+    let mut config = config.clone();
+    config.graph.evolve = crate::config::Evolve::Additive;
+    let schema = GraphSchema::load(&config.schema_path())?;
+    let partitions = match config.wal.sharding {
+        crate::config::Sharding::Partition => Some(crate::kafka::partition_counts(&config).await?),
+        crate::config::Sharding::Bucket => None,
+    };
+    let graph = Graph::open_or_init_with(&config, schema, partitions.as_ref()).await?;
+    let plan = graph.pending_plan().cloned().unwrap_or_default();
+    let mut report = MigrateReport {
+        plan,
+        version: graph.schema_version(),
+        applied: None,
+        folds: 0,
+        paused: Default::default(),
+    };
+    if dry_run {
+        return Ok(report);
+    }
+    let policies = crate::fold::Policies::from_config(&config);
+    if let Some(m) = Box::pin(crate::fold::migrate(
+        &graph,
+        &policies,
+        &config.wal,
+        &config.graph.actor,
+    ))
+    .await?
+    {
+        report.version = m.graph.schema_version();
+        report.applied = Some(m.commit);
+        report.folds = m.folds;
+        report.paused = m.paused;
+    }
+    Ok(report)
 }
 
 /// Graph commits, newest first, at most `limit`.

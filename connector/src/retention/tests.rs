@@ -84,6 +84,8 @@ fn commit(seq: u64, created_at: i64, pins: &[(&str, u64)]) -> GraphCommit {
         dead_letters_delivered: 0,
         folder: None,
         dead_letter_since: Default::default(),
+        schema_version: 0,
+        schema_change: None,
     }
 }
 

@@ -51,6 +51,9 @@ pub struct GraphType {
     pub constraints: Constraints,
     /// Endpoint types and cardinality (edges only).
     pub ends: Option<EdgeEnds>,
+    /// Edges: the `_pending` table's columns, in its stored order (see
+    /// `adopt_order`).
+    pub(crate) pending_schema: Option<SchemaRef>,
 }
 
 /// The `.pg` constraints of one type, as graphsink checks them.
@@ -179,6 +182,21 @@ impl GraphType {
             table_schema: Arc::new(Schema::new(fields)),
             constraints: Constraints::default(),
             ends: None,
+            pending_schema: None,
+        }
+    }
+
+    /// Takes the column order of the stored tables: Lance's `add_columns`
+    /// appends a new property after the provenance columns, and a MemWAL
+    /// writer matches a batch's columns by position, so every batch must be
+    /// built in the stored order (docs/schema-evolution.md). `stored` must
+    /// hold the same columns (`same_columns`); `pending` is the edge's
+    /// `_pending` table.
+    pub(crate) fn adopt_order(&mut self, stored: &Schema, pending: Option<&Schema>) {
+        let pending_wanted = crate::schema::tables::pending_schema(self);
+        self.table_schema = in_order_of(&self.table_schema, stored);
+        if let Some(p) = pending {
+            self.pending_schema = Some(in_order_of(&pending_wanted, p));
         }
     }
 
@@ -343,8 +361,21 @@ pub(crate) fn provenance_fields() -> Vec<Field> {
     ]
 }
 
-/// Compares column layouts (names, types, nullability), ignoring metadata.
+/// `ours`' fields in `stored`'s order (those `stored` lacks last).
+fn in_order_of(ours: &SchemaRef, stored: &Schema) -> SchemaRef {
+    let mut fields: Vec<Field> = ours.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let at = |f: &Field| stored.index_of(f.name()).unwrap_or(usize::MAX);
+    fields.sort_by_key(|f| at(f));
+    Arc::new(Schema::new_with_metadata(fields, ours.metadata().clone()))
+}
+
+/// Compares column layouts (names, types, nullability), ignoring metadata
+/// and order: a column added to a graph's table is stored last (see
+/// `GraphType::adopt_order`).
 pub(crate) fn same_columns(a: &Schema, b: &Schema) -> std::result::Result<(), String> {
+    let mut b_fields: Vec<&Field> = b.fields().iter().map(|f| f.as_ref()).collect();
+    b_fields.sort_by_key(|f| a.index_of(f.name()).unwrap_or(usize::MAX));
+    let b = &Schema::new(b_fields.into_iter().cloned().collect::<Vec<_>>());
     if a.fields().len() != b.fields().len() {
         let names = |s: &Schema| {
             s.fields()
@@ -460,6 +491,44 @@ mod tests {
         let b = r.iter().find(|r| r.property == "b").unwrap();
         assert_eq!((a.min, a.max), (Some(Bound::Int(0)), None));
         assert_eq!((b.min, b.max), (None, Some(Bound::Float(1.5))));
+    }
+
+    #[test]
+    fn a_column_stored_last_is_the_same_layout_and_batches_take_the_stored_order() {
+        let s = GraphSchema::parse(
+            "node P { name: String @key  age: I32? }\nedge E: P -> P { w: F64? }",
+            "x.pg",
+        )
+        .unwrap();
+        let names = |s: &Schema| {
+            s.fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<Vec<_>>()
+        };
+        // As Lance's add_columns leaves it: the new column after provenance.
+        let last = |s: &Schema, col: &str| {
+            let mut f: Vec<Field> = (s.fields().iter())
+                .filter(|f| f.name() != col)
+                .map(|f| f.as_ref().clone())
+                .collect();
+            f.push(s.field_with_name(col).unwrap().clone());
+            Schema::new(f)
+        };
+        let mut p = s.get("P").unwrap().clone();
+        let stored = last(&p.table_schema, "age");
+        assert_eq!(same_columns(&p.table_schema, &stored), Ok(()));
+        p.adopt_order(&stored, None);
+        assert_eq!(names(&p.table_schema), names(&stored));
+        let fewer = Schema::new(stored.fields()[..stored.fields().len() - 1].to_vec());
+        assert!(same_columns(&p.table_schema, &fewer).is_err());
+        // An edge's pending table: the column after `_pending_since`.
+        let mut e = s.get("E").unwrap().clone();
+        let stored = last(&e.table_schema, "w");
+        let pending = last(&crate::schema::pending_schema(&e), "w");
+        e.adopt_order(&stored, Some(&pending));
+        assert_eq!(names(&crate::schema::pending_schema(&e)), names(&pending));
+        assert_eq!(names(&e.table_schema), names(&stored));
     }
 
     #[test]

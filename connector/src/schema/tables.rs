@@ -39,6 +39,9 @@ pub(crate) fn pending_table(edge_table: &str) -> String {
 
 /// A pending table's layout: the edge table's plus `_pending_since`.
 pub(crate) fn pending_schema(edge: &GraphType) -> SchemaRef {
+    if let Some(stored) = &edge.pending_schema {
+        return stored.clone();
+    }
     let mut fields: Vec<Field> = edge
         .table_schema
         .fields()

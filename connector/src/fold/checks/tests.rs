@@ -479,6 +479,8 @@ fn commit(id: &str) -> crate::graph::GraphCommit {
         dead_letters_delivered: 0,
         folder: None,
         dead_letter_since: Default::default(),
+        schema_version: 0,
+        schema_change: None,
     }
 }
 

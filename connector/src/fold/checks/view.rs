@@ -668,9 +668,13 @@ async fn read_pending(graph: &Graph, ty: &GraphType, pt: &str, v: u64) -> Result
         .iter()
         .map(|s| s.unwrap_or_default())
         .collect();
-    let rows = all
-        .project(&(0..ty.table_schema.fields().len()).collect::<Vec<_>>())
+    // By name: a column added by a schema change is stored after
+    // `_pending_since`.
+    let cols = (ty.table_schema.fields().iter())
+        .map(|f| all.schema().index_of(f.name()))
+        .collect::<std::result::Result<Vec<_>, _>>()
         .ctx(pt)?;
+    let rows = all.project(&cols).ctx(pt)?;
     Ok(Some(Pending { rows, since }))
 }
 
