@@ -13,6 +13,7 @@
 
 mod baselines;
 mod broker;
+mod evolve;
 mod formats;
 mod history;
 mod measure;
@@ -143,6 +144,15 @@ struct Args {
     /// (every fold scans its tables' keys: the merge-insert baseline).
     #[arg(long, default_value_t = 40_000_000)]
     size_known_ids: usize,
+    /// Instead of the Kafka phases: the pause of a schema change. Grows
+    /// the size graph's `Item` table to each of these sizes (comma list)
+    /// and times a start that adds an optional property, with nothing
+    /// unfolded and with `--evolve-unfolded` rows in the WAL, beside a fold
+    /// of as many rows with no change (docs/schema-evolution.md).
+    #[arg(long, value_delimiter = ',')]
+    evolve_sizes: Vec<u64>,
+    #[arg(long, default_value_t = 100_000)]
+    evolve_unfolded: usize,
     /// Instead of the Kafka phases: storage against time. Folds this many
     /// times a steady stream of `--storage-rows` updates per fold over
     /// `--storage-keys` keys, measuring bytes on disk after each fold, with
@@ -269,6 +279,32 @@ async fn run(a: Args) -> Result<(), BoxError> {
         storage::print(&curves, a.storage_step.max(1));
         if let Some(path) = &a.json {
             std::fs::write(path, serde_json::to_string_pretty(&curves)?)?;
+        }
+        return Ok(());
+    }
+    if !a.evolve_sizes.is_empty() {
+        let p = evolve::Params {
+            sizes: a.evolve_sizes.clone(),
+            unfolded: a.evolve_unfolded,
+            chunk: a.size_chunk.max(1),
+            buckets: a.buckets,
+            value_bytes: a.value_bytes,
+        };
+        eprintln!(
+            "schema change pause against graph size: sizes {:?}, {} rows unfolded, {} buckets",
+            p.sizes, p.unfolded, p.buckets
+        );
+        let probes = evolve::run(&dir, &p).await?;
+        println!("| Item rows | unfolded rows | open s | pause s | folds | baseline fold s |");
+        println!("|---|---|---|---|---|---|");
+        for p in &probes {
+            println!(
+                "| {} | {} | {:.3} | {:.3} | {} | {:.3} |",
+                p.size, p.unfolded, p.open_secs, p.pause_secs, p.folds, p.baseline_fold_secs
+            );
+        }
+        if let Some(path) = &a.json {
+            std::fs::write(path, serde_json::to_string_pretty(&probes)?)?;
         }
         return Ok(());
     }

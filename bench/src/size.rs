@@ -52,13 +52,10 @@ pub(crate) struct Params {
     pub known_ids_max: usize,
 }
 
-/// Grows the graph to each size in turn and times one fold per type there.
-pub(crate) async fn run(dir: &Path, p: &Params) -> Result<Vec<Probe>, BoxError> {
-    std::fs::write(dir.join("size.pg"), SCHEMA)?;
+/// The config of the size graph (root `size`, schema `size.pg`), no broker.
+pub(crate) fn config_toml(buckets: u32, known_ids_max: usize) -> String {
     let mut toml = format!(
-        "[graph]\nroot = \"size\"\nschema = \"size.pg\"\n[kafka]\n\"bootstrap.servers\" = \"unused:1\"\n\"group.id\" = \"unused\"\n[wal]\nbuckets = {}\n[errors]\nmax_pending_edges = 100000000\n[fold]\nknown_ids_max = {}\n",
-        p.buckets,
-        p.known_ids_max
+        "[graph]\nroot = \"size\"\nschema = \"size.pg\"\n[kafka]\n\"bootstrap.servers\" = \"unused:1\"\n\"group.id\" = \"unused\"\n[wal]\nbuckets = {buckets}\n[errors]\nmax_pending_edges = 100000000\n[fold]\nknown_ids_max = {known_ids_max}\n",
     );
     for (topic, ty) in TYPES {
         let (kind, key) = if ty == "Item" {
@@ -68,26 +65,19 @@ pub(crate) async fn run(dir: &Path, p: &Params) -> Result<Vec<Probe>, BoxError> 
         };
         toml += &format!("[[mapping]]\ntopic = \"{topic}\"\n{kind} = \"{ty}\"\nkey = \"{key}\"\n");
     }
+    toml
+}
+
+/// Grows the graph to each size in turn and times one fold per type there.
+pub(crate) async fn run(dir: &Path, p: &Params) -> Result<Vec<Probe>, BoxError> {
+    std::fs::write(dir.join("size.pg"), SCHEMA)?;
+    let toml = config_toml(p.buckets, p.known_ids_max);
     let cfg = graphsink::Config::from_toml(&toml, dir)?;
     let schema = graphsink::GraphSchema::load(&cfg.schema_path())?;
     let graph = Graph::open_or_init(&cfg, schema).await?;
     let policies = graphsink::testing::Policies::from_config(&cfg);
     let batch = p.chunk.max(p.rows as u64) as usize;
-    let mut w = Writer {
-        decoders: cfg
-            .mappings
-            .iter()
-            .map(|m| RecordDecoder::new(graph.schema(), m, batch, 1 << 20))
-            .collect::<Result<_, _>>()?,
-        pool: ShardPool::open(&graph, &cfg.wal, &graph.wal_tables()).await?,
-        tables: TYPES
-            .iter()
-            .map(|(_, ty)| graph.schema().get(ty).expect("in the schema").table.clone())
-            .collect(),
-        pad: "x".repeat(p.value_bytes.saturating_sub(60)),
-        offset: 0,
-        rng: 0x5eed_5123,
-    };
+    let mut w = Writer::open(&graph, &cfg, batch, p.value_bytes).await?;
     // Rows per type: ids `0..have` exist in every table.
     let mut have = 0u64;
     let mut out = Vec::new();
@@ -141,9 +131,9 @@ pub(crate) async fn run(dir: &Path, p: &Params) -> Result<Vec<Probe>, BoxError> 
 }
 
 /// Makes records of the three types and writes them durably.
-struct Writer {
+pub(crate) struct Writer {
     decoders: Vec<RecordDecoder>,
-    pool: ShardPool,
+    pub(crate) pool: ShardPool,
     tables: Vec<String>,
     pad: String,
     offset: i64,
@@ -151,6 +141,41 @@ struct Writer {
 }
 
 impl Writer {
+    /// Claims every shard of `graph` (configured as `run` writes it).
+    pub(crate) async fn open(
+        graph: &Graph,
+        cfg: &graphsink::Config,
+        batch: usize,
+        value_bytes: usize,
+    ) -> Result<Writer, BoxError> {
+        Ok(Writer {
+            decoders: cfg
+                .mappings
+                .iter()
+                .map(|m| RecordDecoder::new(graph.schema(), m, batch, 1 << 20))
+                .collect::<Result<_, _>>()?,
+            pool: ShardPool::open(graph, &cfg.wal, &graph.wal_tables()).await?,
+            tables: TYPES
+                .iter()
+                .map(|(_, ty)| graph.schema().get(ty).expect("in the schema").table.clone())
+                .collect(),
+            pad: "x".repeat(value_bytes.saturating_sub(60)),
+            offset: 0,
+            rng: 0x5eed_5123,
+        })
+    }
+
+    /// Source offsets continue from `offset` (a writer reopened on the
+    /// same graph).
+    pub(crate) fn starting_at(mut self, offset: i64) -> Writer {
+        self.offset = offset;
+        self
+    }
+
+    pub(crate) fn offset(&self) -> i64 {
+        self.offset
+    }
+
     fn next(&mut self) -> u64 {
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
@@ -159,7 +184,7 @@ impl Writer {
     }
 
     /// Record `i` of type `k` (key, value); edges point at nodes `0..nodes`.
-    fn record(&mut self, k: usize, i: u64, nodes: u64) -> (String, String) {
+    pub(crate) fn record(&mut self, k: usize, i: u64, nodes: u64) -> (String, String) {
         if k == 0 {
             let v = format!(
                 "{{\"sku\":\"k{i:010}\",\"seq\":{i},\"pad\":\"{}\"}}",
@@ -176,7 +201,11 @@ impl Writer {
     }
 
     /// Decodes `recs` of type `k` and waits until their WAL writes are durable.
-    async fn put(&mut self, k: usize, recs: Vec<(String, String)>) -> Result<(), BoxError> {
+    pub(crate) async fn put(
+        &mut self,
+        k: usize,
+        recs: Vec<(String, String)>,
+    ) -> Result<(), BoxError> {
         let topic = TYPES[k].0;
         let src: Vec<SourceRecord<'_>> = recs
             .iter()

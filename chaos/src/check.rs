@@ -379,6 +379,15 @@ fn payload(row: &Value) -> Res<Value> {
     serde_json::from_str(p).map_err(|e| format!("manifest payload: {e}"))
 }
 
+/// The schema version of the head graph commit (0 before any schema
+/// commit).
+pub(crate) async fn schema_version(root: &str) -> Res<u64> {
+    let manifest = open(root, "__manifest", None).await?;
+    let head = rows(&manifest, Some("object_id = 'graph_head:main'")).await?;
+    let head = payload(head.first().ok_or("no graph_head:main in __manifest")?)?;
+    Ok(head["schema_version"].as_u64().unwrap_or(0))
+}
+
 /// Reads the head graph commit and every table at the version it pins.
 /// Also checks the commit log: every commit's pinned versions open, and
 /// the commits form one chain of consecutive sequence numbers.

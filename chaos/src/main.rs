@@ -11,7 +11,11 @@
 //! - `disk`: the graph root on a small tmpfs that fills up;
 //! - `members`: three `graphsink run` members of one group on a
 //!   partition-sharded graph: one killed -9, one stopped past its session
-//!   (SIGSTOP, then SIGCONT), one leaving (SIGTERM), members joining.
+//!   (SIGSTOP, then SIGCONT), one leaving (SIGTERM), members joining;
+//! - `migrate`: schema changes (an optional property more each time),
+//!   each start that applies one killed -9 at a step of it
+//!   (`MIGRATE_FAILPOINTS`) or at a random moment, then finished by the
+//!   next start.
 //!
 //! After crashes (half of them, by seed) and at the end of each phase the
 //! checker in `check.rs` compares the graph, read with plain Lance, with
@@ -70,6 +74,10 @@ const FAILPOINTS: &[&str] = &[
     "gc.after_versions",
 ];
 
+/// The crash windows of a schema change (`migrate`), aimed at by the
+/// `migrate` phase only: nothing else reaches them.
+const MIGRATE_FAILPOINTS: &[&str] = &["migrate.after_table", "migrate.before_commit"];
+
 /// A member that died holds its partitions until its session (6 s here)
 /// expires; a restart waits that out (tansu 0.6 gives a member that joins
 /// meanwhile nothing, see the e2e kill test).
@@ -108,6 +116,10 @@ struct Args {
     /// How long the dead-letter broker is frozen, in seconds.
     #[arg(long, default_value_t = 5)]
     dead_letter_outage: u64,
+    /// Schema changes of the `migrate` phase: each start that applies one
+    /// is killed at one of its steps, or at a random moment.
+    #[arg(long, default_value_t = 3)]
+    migrations: u32,
     /// Rounds of the `members` phase (each: a kill -9, a freeze past the
     /// session, a graceful leave, and joins).
     #[arg(long, default_value_t = 1)]
@@ -131,7 +143,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "kills,freeze,dead-letters,restarts,disk,members"
+        default_value = "kills,freeze,dead-letters,restarts,disk,members,migrate"
     )]
     phases: Vec<String>,
     /// Where graphs and logs go (default: a temporary directory, removed
@@ -264,6 +276,7 @@ async fn chaos(args: Args) -> Res<bool> {
             "restarts" => outage(&env, seed, Outage::Restarts, &mut r).await,
             "disk" => disk(&env, seed, &mut r).await,
             "members" => members(&env, seed, &mut r).await,
+            "migrate" => migrate(&env, seed, &mut r).await,
             other => Err(format!("unknown phase {other}")),
         };
         if let Err(e) = run {
@@ -861,6 +874,101 @@ async fn kills(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()> {
     Ok(())
 }
 
+/// Schema changes under the continuous producer: trial i adds an optional
+/// property to `Item`, and the start that applies it is killed -9 at a
+/// step of the change (`MIGRATE_FAILPOINTS`, in turn) or at a random
+/// moment; the next start must finish it. After each, the graph is audited
+/// against what the group committed and must be at schema version i; the
+/// phase ends with the usual final run and check.
+async fn migrate(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()> {
+    let mut main = Broker::memory(&env.backend, env.work.join("broker-migrate.log"))?;
+    let dlq = Broker::memory(&env.backend, env.work.join("broker-dead-letters.log"))?;
+    let mut st = Stage::new(env, "migrate", seed, &main, &dlq, None).await?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    // A graph at version 0 with rows in it first.
+    let mut p = st.spawn(env, None)?;
+    match p.wait_for(secs(&mut rng, 3.0, 5.0)).await {
+        Some(e) => r.own_exits.push(format!("version 0: {e:?}: {}", p.tail(1))),
+        None => {
+            p.stop(Duration::from_secs(30)).await;
+        }
+    }
+    let pg = st.dir.join("chaos.pg");
+    for trial in 1..=env.args.migrations {
+        let label = format!("migration {trial}");
+        let notes: String = (1..=trial)
+            .map(|i| format!("    note{i}: String?\n"))
+            .collect();
+        let schema =
+            workload::SCHEMA.replacen("    qty: I32\n", &format!("    qty: I32\n{notes}"), 1);
+        std::fs::write(&pg, schema).map_err(|e| e.to_string())?;
+        // Every third at a random moment; the others at the steps in turn
+        // (`after_table` at one of the first tables).
+        let window = MIGRATE_FAILPOINTS[(trial as usize - 1) % MIGRATE_FAILPOINTS.len()];
+        let failpoint = (trial % 3 != 0).then(|| match window {
+            "migrate.after_table" => format!("{window}=abort@{}", rng.random_range(1..=3u32)),
+            w => format!("{w}=abort"),
+        });
+        let mut p = st.spawn(env, failpoint.clone())?;
+        let exit = match &failpoint {
+            None => match p.wait_for(secs(&mut rng, 0.1, 2.0)).await {
+                Some(e) => e,
+                None => {
+                    r.kills += 1;
+                    p.kill().await
+                }
+            },
+            Some(_) => {
+                let e = match p.wait_for(Duration::from_secs(60)).await {
+                    Some(e) => e,
+                    None => p.stop(Duration::from_secs(30)).await,
+                };
+                if e.fired.as_deref() == Some(window) {
+                    r.kills += 1;
+                    *r.failpoints_fired.entry(window.to_string()).or_default() += 1;
+                } else {
+                    *r.failpoints_missed.entry(window.to_string()).or_default() += 1;
+                    r.own_exits
+                        .push(format!("{label} ({window}): {e:?}: {}", p.tail(1)));
+                }
+                e
+            }
+        };
+        println!(
+            "   {label}: {} -> {}",
+            failpoint.as_deref().unwrap_or("kill -9 at a random moment"),
+            exit.fired.as_deref().map_or_else(
+                || format!("{:?}/{:?}", exit.code, exit.signal),
+                |f| format!("fired {f}")
+            )
+        );
+        tokio::time::sleep(SESSION + Duration::from_secs(1)).await;
+        // The next start finishes the change and ingests under it.
+        let mut p = st.spawn(env, None)?;
+        match p.wait_for(secs(&mut rng, 4.0, 8.0)).await {
+            Some(e) => r
+                .own_exits
+                .push(format!("{label}, finishing: {e:?}: {}", p.tail(1))),
+            None => {
+                p.stop(Duration::from_secs(30)).await;
+            }
+        }
+        if let Err(e) = st.audit(env, &main, r, &label).await {
+            r.errors.push(format!("{label}: audit: {e}"));
+        }
+        match check::schema_version(&st.root).await {
+            Ok(v) if v == u64::from(trial) => {}
+            Ok(v) => r.errors.push(format!(
+                "{label}: the graph is at schema version {v} after the start that finishes the change"
+            )),
+            Err(e) => r.errors.push(format!("{label}: {e}")),
+        }
+    }
+    st.finish(env, &mut main, r).await?;
+    keep_on_failure(&st, r);
+    Ok(())
+}
+
 /// Several members of one group on a partition-sharded graph, under the
 /// continuous producer: kill -9 of one (its partitions move after the
 /// session timeout), SIGSTOP of another past its session then SIGCONT (it
@@ -1355,6 +1463,7 @@ mod tests {
             named.extend(cell.split('`').skip(1).step_by(2));
         }
         let mut ours = super::FAILPOINTS.to_vec();
+        ours.extend(super::MIGRATE_FAILPOINTS);
         ours.sort();
         named.sort();
         assert_eq!(ours, named);

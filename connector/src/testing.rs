@@ -17,6 +17,38 @@ pub use crate::registry::wire::framed;
 pub use crate::retention::{graph_storage, Window};
 pub use crate::shards::{shard_id, ShardPool};
 
+/// A schema change applied as a start applies it (a fold to quiescence,
+/// then the schema commit).
+pub struct Migration {
+    /// The graph under its new schema.
+    pub graph: Graph,
+    pub commit: GraphCommit,
+    /// Folds it took to reach quiescence.
+    pub folds: usize,
+    /// How long writes paused: the whole migration.
+    pub paused: std::time::Duration,
+}
+
+/// Applies the schema change `graph` waits for (opened with a config whose
+/// schema differs from the graph's), as `run` does at start; `None` when
+/// it waits for none.
+pub async fn migrate(graph: &Graph, config: &crate::Config) -> Result<Option<Migration>> {
+    let policies = Policies::from_config(config);
+    let m = Box::pin(crate::fold::migrate(
+        graph,
+        &policies,
+        &config.wal,
+        &config.graph.actor,
+    ))
+    .await?;
+    Ok(m.map(|m| Migration {
+        graph: m.graph,
+        commit: m.commit,
+        folds: m.folds,
+        paused: m.paused,
+    }))
+}
+
 /// Retention as the fold loop runs it, with `pool`'s writers live (their
 /// own manifest stores trim).
 pub async fn collect_garbage(
