@@ -489,7 +489,11 @@ async fn two_members_mid_upgrade() {
     let (a, a_stop) = start(tg.config());
     produce(
         e.person(),
-        &[rec(0, Some("q"), Some(json!({"name": "q", "city": "Oslo"})))],
+        &[rec(
+            0,
+            Some("q"),
+            Some(json!({"name": "q", "city": "Oslo"})),
+        )],
     )
     .await;
     eventually("every record folded", || async {
@@ -503,4 +507,92 @@ async fn two_members_mid_upgrade() {
     let rows = tg.rows("nodes/Person").await;
     assert_eq!(rows["q"]["city"], json!("Oslo"));
     assert_eq!(rows["p25"]["city"], Value::Null);
+}
+
+/// Every destructive change is refused at start, each on a line of its
+/// own with the way forward, and the graph stays at its version; then the
+/// way forward, a rebuild into a new root with a new group from the
+/// earliest offset, holds every record under the new schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destructive_changes_are_refused_and_a_rebuild_takes_them() {
+    crate::init_logs();
+    let e = Evolving::new(Backend::Local, "").await;
+    let tg = &e.tg;
+    produce(e.person(), &(0..10).map(v0_person).collect::<Vec<_>>()).await;
+    produce(
+        &tg.topics[1],
+        &[rec(0, None, Some(json!({"from": "p1", "to": "p0"})))],
+    )
+    .await;
+    let out = tg.cli(&["run", "--exit-at-end"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pg = tg.dir.path().join("graph.pg");
+    let refused = |schema: &str, config: Option<&str>, want: &[&str]| {
+        std::fs::write(&pg, schema).unwrap();
+        if let Some(c) = config {
+            std::fs::write(tg.config_path(), c).unwrap();
+        }
+        for cmd in ["check", "run"] {
+            let out = tg.cli(&[cmd], &[]);
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
+            let lines: Vec<&str> = err.lines().map(str::trim).collect();
+            for w in want {
+                assert!(
+                    lines.iter().any(|l| l.starts_with(w)),
+                    "{cmd}: {w:?} not a line of {err}"
+                );
+            }
+            assert!(
+                lines.last().unwrap().starts_with("graphsink: error:"),
+                "{err}"
+            );
+        }
+    };
+    refused(
+        "node Person { name: String  years: I32 @key }\nedge Knows: Person -> Person { since: I32 }\n",
+        None,
+        &[
+            "destructive Person: @key changed from (name) to (years): every id is made of the key",
+            "destructive Person: new required property years: rows already committed have no value",
+            "destructive Person: property age dropped: its column holds values (a rename is a drop and an add)",
+            "destructive Knows: property since made required: rows already committed may lack it",
+        ],
+    );
+    let v0_config = std::fs::read_to_string(tg.config_path()).unwrap();
+    let cut = v0_config.match_indices("[[mapping]]").nth(1).unwrap().0;
+    let people_only = v0_config[..cut].to_string();
+    let wide = "node Person { name: String @key  age: I64 }\n";
+    refused(
+        wide,
+        Some(&people_only),
+        &[
+            "destructive Person: property age retyped from Int32 to Int64: widening a type needs the MemWAL drained",
+            "destructive Knows: edge type dropped",
+        ],
+    );
+    let g = tg.graph().await;
+    assert_eq!(g.head().await.unwrap().schema_version, 0);
+
+    // The rebuild (docs/schema-evolution.md): a new root and group over
+    // the same topics, from the earliest offset.
+    let rebuilt = people_only
+        .replace("root = \"graph\"", "root = \"graph-v2\"")
+        .replace(&tg.group, &format!("{}-v2", tg.group));
+    assert_ne!(rebuilt, people_only);
+    std::fs::write(tg.config_path(), &rebuilt).unwrap();
+    let out = tg.cli(&["run", "--exit-at-end"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let g2 = tg.graph().await;
+    assert!(g2.root().ends_with("/graph-v2"), "{}", g2.root());
+    let head = g2.head().await.unwrap();
+    let persons = pylance_rows_at(&g2, "nodes/Person", head.tables["nodes/Person"]);
+    assert_eq!(persons.len(), 10);
+    assert_eq!(persons["p7"]["age"], json!(7));
+    assert!(!head.tables.contains_key("edges/Knows"));
+    let ds = plain_open(&g2, "nodes/Person").await;
+    let age = ds.schema().field("age").unwrap();
+    assert_eq!(age.data_type(), arrow::datatypes::DataType::Int64);
+    // The old graph is untouched.
+    assert_eq!(g.head().await.unwrap().tables.len(), 4);
 }
