@@ -299,6 +299,11 @@ pub enum Evolve {
     Additive,
     /// Refuse every schema change at start; `graphsink migrate` applies it.
     None,
+    /// `additive`, and each new optional field of a mapped subject's writer
+    /// schema becomes an optional property by itself (at start, and when a
+    /// running session meets a writer schema that has one).
+    #[serde(rename = "from_registry")]
+    FromRegistry,
 }
 
 /// Object-store options. Their values may be credentials, so `Debug` shows

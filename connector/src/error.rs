@@ -35,6 +35,14 @@ pub enum Error {
     /// the CLI prints each on a line of its own before the error.
     #[error("incompatible graph at {root}: the schema changed in ways graphsink does not apply to an existing graph: {}; keep the graph's schema, or rebuild into a new root (docs/schema-evolution.md)", changes.join("; "))]
     SchemaChanges { root: String, changes: Vec<String> },
+    /// `evolve = "from_registry"`: a writer schema the session met has
+    /// optional fields the type lacks; the next session adds them.
+    #[error("the schema registry's writer schema {id} for topic {topic} has new optional fields ({}): restarting the session to add them as properties (evolve = \"from_registry\")", fields.join(", "))]
+    RegistrySchemaGrew {
+        topic: String,
+        id: u32,
+        fields: Vec<String>,
+    },
     #[error("shard {shard} of {table} (bucket {bucket}) was fenced: {reason}")]
     Fenced {
         table: String,
@@ -142,7 +150,9 @@ impl Error {
             | Error::Incompatible { .. }
             | Error::SchemaChanges { .. } => ErrorKind::BadConfig,
             Error::Intolerable { .. } => ErrorKind::BadInput,
-            Error::DeadLetter { .. } | Error::Unassigned { .. } => ErrorKind::Retry,
+            Error::DeadLetter { .. }
+            | Error::Unassigned { .. }
+            | Error::RegistrySchemaGrew { .. } => ErrorKind::Retry,
             Error::Fenced { .. } | Error::ProducerFenced { .. } => ErrorKind::Fenced,
             Error::WalUnavailable { .. } => ErrorKind::Retry,
             Error::CommitConflict { .. } | Error::Kafka(_) | Error::Failpoint(_) => {

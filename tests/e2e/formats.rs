@@ -728,3 +728,91 @@ async fn framed_keys_name_nodes_and_edges_through_the_test_registry() {
     framed_keys_against(&reg.url(), Backend::Local).await;
     assert!(reg.unimplemented().is_empty(), "{:?}", reg.unimplemented());
 }
+
+/// `evolve = "from_registry"`: a running connector that meets a writer
+/// schema with a new optional field restarts its session, which adds the
+/// field as an optional property (one schema commit) before it decodes the
+/// records that carry it; a later start keeps the property although the
+/// `.pg` file does not declare it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evolve_from_registry_adds_a_new_optional_writer_field() {
+    crate::init_logs();
+    let reg = TestRegistry::start().unwrap();
+    let url = &reg.url().to_string();
+    let tg = TestGraph::on(
+        Backend::Local,
+        "node Person { name: String @key  age: I64? }\n",
+        &["node = \"Person\"\nformat = \"avro\"\nkey = \"kafka\"\nunknown_fields = \"reject\""],
+        &format!("{}[fold]\ninterval = \"300ms\"\n", registry_toml(url)),
+    );
+    let cfg = std::fs::read_to_string(tg.config_path()).unwrap();
+    std::fs::write(
+        tg.config_path(),
+        cfg.replace("[graph]\n", "[graph]\nevolve = \"from_registry\"\n"),
+    )
+    .unwrap();
+    let people = &tg.topics[0];
+    create_topic(people, 1).await;
+    let v1 = encode(url, people, V1, &[json!({"name": "ann", "age": 31})]);
+    produce_raw(people, &[raw(0, "ann", Some(v1[0].0.clone()))]).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(graphsink::run_with(
+        tg.config(),
+        graphsink::RunOptions::default(),
+        stop.clone(),
+    ));
+    let landed = |id: &'static str| {
+        let tg = &tg;
+        move || async move {
+            match graphsink::Graph::open_configured(&tg.config()).await {
+                Ok(g) => {
+                    let head = g.head().await.unwrap();
+                    match head.tables.get("nodes/Person") {
+                        Some(&v) => read_table(&g, "nodes/Person", v).await.contains_key(id),
+                        None => false,
+                    }
+                }
+                Err(_) => false,
+            }
+        }
+    };
+    wait_for("ann folded", Duration::from_secs(60), landed("ann")).await;
+    // A writer schema with an optional email, met by the running session.
+    let v2 = encode(
+        url,
+        people,
+        V2,
+        &[json!({"name": "cy", "age": 5, "email": "cy@x"})],
+    );
+    produce_raw(people, &[raw(0, "cy", Some(v2[0].0.clone()))]).await;
+    wait_for("cy folded", Duration::from_secs(60), landed("cy")).await;
+    stop.cancel();
+    task.await.unwrap().expect("the run stops cleanly");
+
+    let g = tg.graph().await;
+    let commits = g.commits().await.unwrap();
+    let changes: Vec<&String> = commits
+        .iter()
+        .filter_map(|c| c.schema_change.as_ref())
+        .flat_map(|s| &s.changes)
+        .collect();
+    assert_eq!(
+        changes,
+        ["additive    Person: new optional property email: Utf8"],
+        "{commits:#?}"
+    );
+    let rows = pylance_rows(&tg, "nodes/Person").await;
+    assert_eq!(rows["cy"]["email"], json!("cy@x"));
+    assert_eq!(rows["ann"]["email"], Value::Null);
+    assert!(reject_codes(&tg).await.is_empty());
+    // A later start keeps the property the file does not declare.
+    for cmd in [&["check"][..], &["run", "--exit-at-end"][..]] {
+        let out = tg.cli(cmd, &[]);
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(tg.graph().await.head().await.unwrap().schema_version, 1);
+}

@@ -40,6 +40,7 @@ mod shape;
 mod split;
 #[cfg(test)]
 mod tests;
+mod writer_fields;
 
 use std::sync::Arc;
 
@@ -60,6 +61,7 @@ use key_format::{KeyFormat, PlainKey};
 #[cfg(test)]
 use partitioner::partition_of;
 use shape::{EdgeId, Shape};
+pub(crate) use writer_fields::{writer_fields, WriterField};
 
 /// One consumed record, borrowed from the poll.
 #[derive(Clone, Copy)]

@@ -227,6 +227,42 @@ impl ValueFormat for ProtobufFormat {
     }
 }
 
+/// The top-level fields of the message `message` (else the file's first)
+/// of a writer schema (`writer_fields`): a field with presence (proto3
+/// `optional`, a message) may be absent; a repeated one has no `.pg` type.
+pub(super) fn writer_fields(
+    s: &Schema,
+    message: Option<&str>,
+) -> std::result::Result<Vec<super::writer_fields::WriterField>, String> {
+    let file = descriptors(s)?;
+    let desc = pick(&file, message, &[0]).map_err(|(_, why)| why)?;
+    Ok(desc
+        .fields()
+        .map(|fd| {
+            let pg_type = match fd.kind() {
+                _ if fd.is_list() || fd.is_map() => None,
+                Kind::String => Some("String"),
+                Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => Some("I32"),
+                Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => Some("I64"),
+                Kind::Uint32 | Kind::Fixed32 => Some("U32"),
+                Kind::Uint64 | Kind::Fixed64 => Some("U64"),
+                Kind::Float => Some("F32"),
+                Kind::Double => Some("F64"),
+                Kind::Bool => Some("Bool"),
+                Kind::Message(m) if m.full_name() == "google.protobuf.Timestamp" => {
+                    Some("DateTime")
+                }
+                _ => None,
+            };
+            super::writer_fields::WriterField {
+                name: fd.name().to_string(),
+                pg_type,
+                optional: fd.supports_presence(),
+            }
+        })
+        .collect())
+}
+
 /// The root file of a schema: its serialized descriptor when served (its
 /// imports compiled first), else its text compiled with its imports.
 fn descriptors(s: &Schema) -> std::result::Result<FileDescriptor, String> {

@@ -227,6 +227,15 @@ impl Graph {
         self.schema = Arc::new(schema);
     }
 
+    /// The schema the graph records (its `.pg` as of its schema version),
+    /// if it has one this version can parse.
+    pub(crate) async fn recorded_schema(&self) -> Result<Option<GraphSchema>> {
+        Ok(match self.record().await? {
+            Some(r) => GraphSchema::parse(&r.source, "the graph's recorded schema").ok(),
+            None => None,
+        })
+    }
+
     /// The schema version whose `.pg` was `source` before a later schema
     /// commit replaced it: a config that is older than the graph.
     async fn older_version(&self, source: &str) -> Result<Option<u32>> {

@@ -3,6 +3,7 @@
 //! watermarks → commit. It also serves the fold loop's freeze cuts, between
 //! polls, so a cut never splits a poll.
 
+pub(crate) mod from_registry;
 mod schemas;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -18,7 +19,7 @@ use rdkafka::message::{BorrowedMessage, Message};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, Sharding, Tolerance};
+use crate::config::{Config, Evolve, Sharding, Tolerance};
 use crate::decode::{RecordDecoder, SourceRecord};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoints;
@@ -160,6 +161,7 @@ pub async fn run_with(
             // folds and recovers whatever this fold left.
             Err(e)
                 if (e.is_passing_storage_failure()
+                    || matches!(e, Error::RegistrySchemaGrew { .. })
                     || (config.wal.sharding == Sharding::Partition
                         && (e.kind() == ErrorKind::Fenced || e.is_commit_race())))
                     && !shutdown.is_cancelled() =>
@@ -169,6 +171,10 @@ pub async fn run_with(
                     stats.restarts.fetch_add(1, Ordering::Relaxed);
                 }
                 metrics.session_restarted();
+                if let Error::RegistrySchemaGrew { .. } = &e {
+                    tracing::info!(event = "registry_schema_grew", "{e}");
+                    continue; // nothing failed: no backoff
+                }
                 if e.kind() == ErrorKind::Fenced {
                     metrics.fenced();
                     tracing::warn!(
@@ -254,6 +260,10 @@ async fn session(
 ) -> Result<()> {
     metrics.session_started();
     let schema = GraphSchema::load(&config.schema_path())?;
+    let schema = match config.graph.evolve {
+        Evolve::FromRegistry => from_registry::schema(config, schema).await?,
+        _ => schema,
+    };
     let partitions = match config.wal.sharding {
         Sharding::Partition => Some(crate::kafka::partition_counts(config).await?),
         Sharding::Bucket => None,
@@ -358,7 +368,7 @@ async fn session(
         taken: VecDeque::new(),
         oldest_taken: None,
         role,
-        schemas: SchemaHolds::new(registry),
+        schemas: SchemaHolds::new(registry, config),
     };
     if let Err(e) = run.serve(&kafka, shutdown, &mut fold).await {
         total.records += run.summary.records;

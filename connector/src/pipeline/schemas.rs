@@ -20,6 +20,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use tokio::sync::mpsc;
 
+use crate::config::{Config, Evolve, Mapping};
 use crate::decode::{Learned, RecordDecoder, Subject};
 use crate::error::Result;
 use crate::kafka::consumer::{self, GroupConsumer};
@@ -54,6 +55,9 @@ struct Held {
 
 pub(super) struct SchemaHolds {
     registry: Option<Registry>,
+    /// `evolve = "from_registry"`: each registry mapping by topic, whose
+    /// new writer fields end the session (`from_registry::grown`).
+    grow: HashMap<String, Mapping>,
     held: BTreeMap<TopicPartition, Held>,
     /// (topic, subject, id) being fetched.
     fetching: HashSet<(String, Subject, u32)>,
@@ -65,10 +69,15 @@ pub(super) struct SchemaHolds {
 }
 
 impl SchemaHolds {
-    pub(super) fn new(registry: Option<Registry>) -> SchemaHolds {
+    pub(super) fn new(registry: Option<Registry>, config: &Config) -> SchemaHolds {
         let (tx, events) = mpsc::unbounded_channel();
+        let grow = (config.mappings.iter())
+            .filter(|m| config.graph.evolve == Evolve::FromRegistry && m.format.uses_registry())
+            .map(|m| (m.topic.clone(), m.clone()))
+            .collect();
         SchemaHolds {
             registry,
+            grow,
             held: BTreeMap::new(),
             fetching: HashSet::new(),
             tx,
@@ -175,6 +184,13 @@ impl SchemaHolds {
                     );
                 }
                 if let Some(d) = decoders.get_mut(&topic) {
+                    // A writer with a field the graph should take: the
+                    // partition stays held, and the next session adds it.
+                    if let (Subject::Value, Some(m), Ok(s)) =
+                        (subject, self.grow.get(&topic), &schema)
+                    {
+                        super::from_registry::grown(m, d, id, s)?;
+                    }
                     d.learn_subject(subject, id, schema);
                 }
                 let done: Vec<TopicPartition> = self

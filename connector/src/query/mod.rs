@@ -28,7 +28,7 @@ pub struct CheckSummary {
 /// Validates the config and the schema: every mapping must build its
 /// decoder, and a registry format's subject must resolve to its type.
 pub async fn check(config: &Config) -> Result<CheckSummary> {
-    let schema = GraphSchema::load(&config.schema_path())?;
+    let schema = load_schema(config).await?;
     for m in &config.mappings {
         crate::decode::RecordDecoder::new(&schema, m, 1, config.errors.max_record_bytes)?;
     }
@@ -51,6 +51,18 @@ pub async fn check(config: &Config) -> Result<CheckSummary> {
         root: config.root_uri(),
         plan,
     })
+}
+
+/// The schema a start runs with: the config's `.pg`, and under
+/// `evolve = "from_registry"` the properties the registry adds.
+async fn load_schema(config: &Config) -> Result<GraphSchema> {
+    let schema = GraphSchema::load(&config.schema_path())?;
+    match config.graph.evolve {
+        crate::config::Evolve::FromRegistry => {
+            crate::pipeline::from_registry::schema(config, schema).await
+        }
+        _ => Ok(schema),
+    }
 }
 
 /// Each registry-format mapping's subject (TopicNameStrategy:
@@ -184,8 +196,10 @@ pub struct MigrateReport {
 pub async fn migrate(config: &Config, dry_run: bool) -> Result<MigrateReport> {
     Graph::open_configured(config).await?; // an existing graph, not a new one
     let mut config = config.clone();
-    config.graph.evolve = crate::config::Evolve::Additive;
-    let schema = GraphSchema::load(&config.schema_path())?;
+    let schema = load_schema(&config).await?;
+    if config.graph.evolve == crate::config::Evolve::None {
+        config.graph.evolve = crate::config::Evolve::Additive;
+    }
     let partitions = match config.wal.sharding {
         crate::config::Sharding::Partition => Some(crate::kafka::partition_counts(&config).await?),
         crate::config::Sharding::Bucket => None,
