@@ -97,7 +97,7 @@ impl Graph {
             let old = GraphSchema::parse(&record.source, "the graph's recorded schema")?;
             let new = std::mem::replace(&mut self.schema, Arc::new(old));
             let new = Arc::try_unwrap(new).unwrap_or_else(|a| (*a).clone());
-            check_new_topics(&self.layout, record, &new, config).map_err(|m| incompatible(m))?;
+            check_new_topics(&self.layout, record, &new, config).map_err(&incompatible)?;
             self.evolving = Some(Arc::new(Evolution {
                 schema: new,
                 plan,

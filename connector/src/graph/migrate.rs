@@ -68,9 +68,11 @@ impl Graph {
             source: ev.schema.source.clone(),
             buckets: merged_counts(&record, &ev.layout.counts),
             sharding: record.sharding,
-            partitions: (ev.layout.partitions.is_empty())
-                .then(|| record.partitions.clone())
-                .unwrap_or_else(|| ev.layout.partitions.clone()),
+            partitions: if ev.layout.partitions.is_empty() {
+                record.partitions.clone()
+            } else {
+                ev.layout.partitions.clone()
+            },
             version,
         };
         let change = SchemaChange {

@@ -276,6 +276,28 @@ impl Inner {
     }
 }
 
+/// Each mapped topic's partition count, as the broker reports it; a topic
+/// the broker does not know is a configuration error under partition
+/// sharding, whose shards are the partitions.
+pub(crate) async fn partition_counts(config: &Config) -> Result<BTreeMap<String, u32>> {
+    let topics: BTreeSet<String> = config.mappings.iter().map(|m| m.topic.clone()).collect();
+    let found = OffsetQueries::connect(config)?
+        .partitions(topics.into_iter().collect())
+        .await?;
+    if let Some(m) = found.missing.first() {
+        return Err(Error::config(format!(
+            "topic {} ({}): under wal.sharding = \"partition\" every mapped topic must exist \
+             first, created with its final partition count",
+            m.topic, m.error
+        )));
+    }
+    let mut out = BTreeMap::new();
+    for (t, _) in found.partitions {
+        *out.entry(t).or_insert(0) += 1;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,26 +347,4 @@ mod tests {
         );
         assert_eq!(consumer_assignment(&[]), None);
     }
-}
-
-/// Each mapped topic's partition count, as the broker reports it; a topic
-/// the broker does not know is a configuration error under partition
-/// sharding, whose shards are the partitions.
-pub(crate) async fn partition_counts(config: &Config) -> Result<BTreeMap<String, u32>> {
-    let topics: BTreeSet<String> = config.mappings.iter().map(|m| m.topic.clone()).collect();
-    let found = OffsetQueries::connect(config)?
-        .partitions(topics.into_iter().collect())
-        .await?;
-    if let Some(m) = found.missing.first() {
-        return Err(Error::config(format!(
-            "topic {} ({}): under wal.sharding = \"partition\" every mapped topic must exist \
-             first, created with its final partition count",
-            m.topic, m.error
-        )));
-    }
-    let mut out = BTreeMap::new();
-    for (t, _) in found.partitions {
-        *out.entry(t).or_insert(0) += 1;
-    }
-    Ok(out)
 }

@@ -157,6 +157,7 @@ fn pg_type(f: &arrow_schema::Field) -> Option<&'static str> {
 /// is opened for an edge declared without one).
 fn with_properties(source: &str, schema: &GraphSchema, add: &Additions) -> String {
     let mut text = source.to_string();
+    let next = regex::Regex::new(r"(?m)^\s*(node|edge)\s").expect("valid regex");
     for (ty, props) in add {
         let Some(t) = schema.get(ty) else { continue };
         let lines: String = props
@@ -172,7 +173,6 @@ fn with_properties(source: &str, schema: &GraphSchema, add: &Additions) -> Strin
         let Some(at) = decl.find(&text).map(|m| m.end()) else {
             continue;
         };
-        let next = regex::Regex::new(r"(?m)^\s*(node|edge)\s").expect("valid regex");
         let end = next.find_at(&text, at).map_or(text.len(), |m| m.start());
         match text[at..end].find('{') {
             Some(open) => {
