@@ -288,3 +288,44 @@ pub(crate) fn refusal(root: &str, refused: &[&Change]) -> Error {
         changes: refused.iter().map(|c| c.to_string()).collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Under partition sharding a new topic may feed a new type only.
+    #[test]
+    fn a_new_topic_under_partition_sharding_feeds_only_a_new_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = |mappings: &str| {
+            let toml = format!(
+                "[graph]\nroot = \"g\"\nschema = \"x.pg\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:1\"\n\
+                 \"group.id\" = \"g\"\n[wal]\nsharding = \"partition\"\n{mappings}"
+            );
+            Config::from_toml(&toml, dir.path()).unwrap()
+        };
+        let old = "node P { name: String @key }";
+        let new =
+            GraphSchema::parse(&format!("{old}\nnode C {{ name: String @key }}"), "x.pg").unwrap();
+        let record = SchemaRecord {
+            source: old.into(),
+            buckets: BTreeMap::new(),
+            sharding: Sharding::Partition,
+            partitions: BTreeMap::from([("p".to_string(), 2)]),
+            version: 0,
+        };
+        let want = ShardLayout {
+            sharding: Sharding::Partition,
+            counts: BTreeMap::new(),
+            partitions: BTreeMap::from([("p".to_string(), 2), ("more".to_string(), 2)]),
+        };
+        let to_new = config("[[mapping]]\ntopic = \"p\"\nnode = \"P\"\n[[mapping]]\ntopic = \"more\"\nnode = \"C\"\n");
+        assert_eq!(check_new_topics(&want, &record, &new, &to_new), Ok(()));
+        let to_old = config("[[mapping]]\ntopic = \"p\"\nnode = \"P\"\n[[mapping]]\ntopic = \"more\"\nnode = \"P\"\n");
+        let e = check_new_topics(&want, &record, &new, &to_old).unwrap_err();
+        assert!(
+            e.starts_with("topic more is new and maps to P, which the graph already has"),
+            "{e}"
+        );
+    }
+}
