@@ -86,6 +86,11 @@ fn v0_person(i: usize) -> Rec {
     )
 }
 
+/// A version-1 person: a city, no age.
+fn v1_person(name: &str, city: &str) -> Rec {
+    rec(0, Some(name), Some(json!({"name": name, "city": city})))
+}
+
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).to_string()
 }
@@ -171,15 +176,7 @@ async fn additive_changes_apply_at_start_while_a_producer_writes(backend: Backen
         )],
     )
     .await;
-    produce(
-        people,
-        &[rec(
-            0,
-            Some("q"),
-            Some(json!({"name": "q", "city": "Oslo"})),
-        )],
-    )
-    .await;
+    produce(people, &[v1_person("q", "Oslo")]).await;
     produce(
         knows,
         &[rec(
@@ -299,15 +296,7 @@ async fn a_crash_mid_change_finishes_on_the_next_start(backend: Backend) {
         }
 
         e.write(1);
-        produce(
-            e.person(),
-            &[rec(
-                0,
-                Some("q"),
-                Some(json!({"name": "q", "city": "Bergen"})),
-            )],
-        )
-        .await;
+        produce(e.person(), &[v1_person("q", "Bergen")]).await;
         let out = tg.cli(&["run", "--exit-at-end"], &[]);
         assert!(out.status.success(), "{fp}: {}", stderr(&out));
         let g = tg.graph().await;
@@ -379,15 +368,7 @@ async fn migrate_applies_what_evolve_none_refuses() {
         text.contains("nothing to migrate: the graph is at schema version 1"),
         "{text}"
     );
-    produce(
-        e.person(),
-        &[rec(
-            0,
-            Some("q"),
-            Some(json!({"name": "q", "city": "Oslo"})),
-        )],
-    )
-    .await;
+    produce(e.person(), &[v1_person("q", "Oslo")]).await;
     let out = tg.cli(&["run", "--exit-at-end"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(tg.rows("nodes/Person").await["q"]["city"], json!("Oslo"));
@@ -488,15 +469,7 @@ async fn two_members_mid_upgrade(backend: Backend) {
     assert_eq!(err.kind(), graphsink::ErrorKind::BadConfig, "{msg}");
     // a restarted with version 1 proceeds beside b.
     let (a, a_stop) = start(tg.config());
-    produce(
-        e.person(),
-        &[rec(
-            0,
-            Some("q"),
-            Some(json!({"name": "q", "city": "Oslo"})),
-        )],
-    )
-    .await;
+    produce(e.person(), &[v1_person("q", "Oslo")]).await;
     eventually("every record folded", || async {
         rows_if_any(tg, "nodes/Person").await.len() == 41
     })
