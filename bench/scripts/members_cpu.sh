@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CPU per record with 1, 2 and 4 `graphsink run` members of one group on a
-# partition-sharded graph (BENCHMARKS.md, "Scale-out"). The members join
+# partition-sharded graph (docs/perf/2026-12-03-scale-out-cpu-per-record-with-1-2-and-4-members.md, "Scale-out"). The members join
 # first; then RECORDS ~100 B records are produced while they run, and their
 # CPU (utime+stime, /usr/bin/time) is read once every offset is committed
 # and they stop. Usage: bench/scripts/members_cpu.sh <release graphsink> [records] [rounds]

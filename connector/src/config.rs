@@ -1229,7 +1229,7 @@ impl Default for WalSettings {
             max_memtable_bytes: 64 * 1024 * 1024,
             max_in_flight_polls: 16,
             // 10,000 rather than 5,000: at ~100 B, +14 % throughput
-            // (BENCHMARKS.md, "Larger polls"), with no change in peak RSS.
+            // (docs/perf/2026-12-03-larger-polls-wal-max-poll-records-10-000.md, "Larger polls"), with no change in peak RSS.
             max_poll_records: 10_000,
         }
     }

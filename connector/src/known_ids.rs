@@ -178,7 +178,7 @@ impl KnownIds {
     /// which the caller's checks read past). A bitmap of the tags' low bits,
     /// 64 bits per tag and small enough for the L2 cache, screens out all
     /// but ~1/64 of the other ids before the hash probe (at 10M edges the
-    /// pass then takes ~0.05 s; BENCHMARKS.md, "Repeat runs").
+    /// pass then takes ~0.05 s; docs/perf/2026-12-05-fold-cost-against-graph-size-rows-replaced-by-address.md, "Repeat runs").
     pub(crate) fn with_src_tags(&self, set: &IdSet, tags: &HashSet<u64, Hasher>) -> Vec<u64> {
         let IdSet::Tagged(Kind::Sourced, m) = set else {
             return Vec::new();

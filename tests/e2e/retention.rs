@@ -721,7 +721,7 @@ async fn check_everything(tg: &TestGraph, people: &BTreeMap<String, i64>, rounds
 /// Storage stops growing: a fixed key space updated fold after fold, with
 /// retention after every fold. After a warm-up the bytes on disk stay
 /// within a band instead of climbing with every fold (the long run is
-/// `graphsink-bench --storage`, BENCHMARKS.md).
+/// `graphsink-bench --storage`, docs/perf/2026-12-02-storage-against-time-with-and-without-retention.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_stops_growing_with_retention() {
     crate::init_logs();

@@ -3,7 +3,7 @@
 //! row addresses, then moved forward by the fold's own writes. The checks
 //! ask it which endpoints exist; the write replaces and deletes rows by
 //! their addresses instead of a merge-insert, whose hash join reads every
-//! key of the table (BENCHMARKS.md, "Fold cost against graph size").
+//! key of the table (docs/perf/2026-12-02-fold-cost-against-graph-size.md, "Fold cost against graph size").
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -35,7 +35,7 @@ fn is_consumer_only(key: &str) -> bool {
 
 /// graphsink's consumer defaults; any `[kafka]` property overrides them.
 ///
-/// The fetch-queue ones are chosen by measurement (BENCHMARKS.md,
+/// The fetch-queue ones are chosen by measurement (docs/perf/2026-12-02-consumer-fetch-queue-defaults.md,
 /// docs/consumer-defaults.md). graphsink stops draining librdkafka's queue
 /// for moments (it waits on in-flight durability and on freeze cuts); with
 /// librdkafka's own defaults, the pre-fetch queue then reaches

@@ -3,7 +3,7 @@
 //! about: each base table a check needs is streamed once (a column or
 //! two, batch by batch) and probed against the fold's own values with a
 //! hash set, so memory follows the fold, and a base row costs a hash probe
-//! and no allocation (BENCHMARKS.md, "Fold cost against graph size").
+//! and no allocation (docs/perf/2026-12-02-fold-cost-against-graph-size.md, "Fold cost against graph size").
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -329,7 +329,7 @@ impl ViewReader<'_> {
 /// rewritten or deleted edge elsewhere only lowers a count that has no
 /// floor), and a tuple a candidate claims has the candidate's `src`. One
 /// probe of `src` then skips every other row, instead of a probe per
-/// column per row (the scan of a 10M-edge table: BENCHMARKS.md).
+/// column per row (the scan of a 10M-edge table: docs/perf/2026-12-02-fold-cost-against-graph-size.md).
 fn narrowing(
     ty: &GraphType,
     ends: &EdgeEnds,
