@@ -1276,6 +1276,72 @@ impl Default for OffsetSettings {
 mod tests {
     use super::*;
 
+    /// docs/config.md lists, under each section's heading, exactly the keys
+    /// that section accepts, as serde itself names them (its "expected one
+    /// of" list for an unknown key).
+    #[test]
+    fn docs_config_lists_every_key() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/config.md"))
+                .expect("docs/config.md");
+        let base = "[graph]\nroot = \"g\"\nschema = \"x.pg\"\n[kafka]\n\"bootstrap.servers\" = \"h:1\"\n\"group.id\" = \"g\"\n";
+        let sections = [
+            "graph",
+            "wal",
+            "fold",
+            "offsets",
+            "errors",
+            "retention",
+            "http",
+            "schema_registry",
+            "log",
+            "runtime",
+            "mapping",
+        ];
+        let ticked = |s: &str| -> std::collections::BTreeSet<String> {
+            s.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        for section in sections {
+            let toml = match section {
+                "graph" => base.replace("[graph]\n", "[graph]\nzz_unknown = 1\n"),
+                "mapping" => {
+                    format!("{base}[[mapping]]\nzz_unknown = 1\ntopic = \"t\"\nnode = \"P\"\n")
+                }
+                s => format!("{base}[{s}]\nzz_unknown = 1\n"),
+            };
+            let err = Config::from_toml(&toml, Path::new("."))
+                .unwrap_err()
+                .to_string();
+            let accepted = ticked(
+                err.split("expected")
+                    .nth(1)
+                    .unwrap_or_else(|| panic!("{section}: {err}")),
+            );
+            let heading = match section {
+                "mapping" => "### `[[mapping]]`".to_string(),
+                s => format!("### `[{s}]`"),
+            };
+            let at = doc
+                .find(&heading)
+                .unwrap_or_else(|| panic!("docs/config.md has no {heading}"));
+            let documented: std::collections::BTreeSet<String> = doc[at..]
+                .lines()
+                .skip_while(|l| !l.starts_with('|'))
+                .take_while(|l| l.starts_with('|'))
+                .skip(2)
+                .flat_map(|l| ticked(l.split('|').nth(1).unwrap_or("")))
+                .collect();
+            assert_eq!(
+                documented, accepted,
+                "[{section}]: docs/config.md (left) against the struct (right)"
+            );
+        }
+    }
+
     /// Each section's defaults live in one place, its `impl Default`: a
     /// config that omits the section, and one that names it empty, both
     /// read as exactly that.

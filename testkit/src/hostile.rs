@@ -780,7 +780,7 @@ fn rel_mutations(c: &mut Corpus) {
     );
 }
 
-/// What graphsink accepts on purpose (README, "Validation and rejects").
+/// What graphsink accepts on purpose (docs/rejects.md).
 fn accepted_on_purpose(c: &mut Corpus) {
     // Duplicate JSON keys: the last one wins.
     let id = c.id();

@@ -1,7 +1,7 @@
 //! Operability: `/ready` through the group join, a dead-letter outage and
 //! a fencing; a real Prometheus scraping a connector under a workload with
 //! rejects; `promtool check metrics` on the exposition; the exposed names
-//! against README's table; secrets kept out of logs and errors.
+//! against docs/metrics.md's table; secrets kept out of logs and errors.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -479,7 +479,7 @@ async fn await_prom(
 /// while it ingests records with rejects: the committed offsets reach the
 /// end offsets, the rejects counter equals the rejects produced, and the
 /// fold counter advances. The same scrape passes `promtool check metrics`
-/// and its names and labels match README's table. Then an offline fold
+/// and its names and labels match docs/metrics.md's table. Then an offline fold
 /// fences the run, Prometheus sees `graphsink_fenced_total`, and every query
 /// of deploy/'s dashboard evaluates to data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -611,14 +611,14 @@ async fn prometheus_scrapes_offsets_rejects_and_folds() {
     assert_eq!(status, 200);
     assert_eq!(ctype, graphsink::METRICS_TEXT_CONTENT_TYPE);
     promtool_check(&text);
-    names_match_readme(&text);
+    names_match_the_spec(&text);
     // What Prometheus asks for (its 2.x Accept header): OpenMetrics, same names.
     let (status, ctype, open) =
         get_accepting(&addr.to_string(), "/metrics", Some(PROMETHEUS_ACCEPT)).await;
     assert_eq!(status, 200);
     assert_eq!(ctype, graphsink::METRICS_CONTENT_TYPE);
     assert!(open.ends_with("# EOF\n"), "{open}");
-    names_match_readme(&open);
+    names_match_the_spec(&open);
 
     // A fencing event, as an operator meets it: an offline fold claims the
     // shards, the run stops, and the still-served endpoint shows it.
@@ -795,25 +795,20 @@ fn exposed(text: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
     out
 }
 
-/// The README table lists exactly the exposed names, with their types and
-/// labels (labels checked where samples exist), and docs/metrics.md agrees.
-fn names_match_readme(text: &str) {
+/// docs/metrics.md's table lists exactly the exposed names, with their
+/// types and labels (labels checked where samples exist).
+fn names_match_the_spec(text: &str) {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let readme = metric_table(&format!("{root}/README.md"), "## Metrics and probes");
     let spec = metric_table(&format!("{root}/docs/metrics.md"), "## Metrics");
-    assert_eq!(
-        readme, spec,
-        "README's metrics table and docs/metrics.md disagree"
-    );
     let got = exposed(text);
     let names = |m: &BTreeMap<String, _>| m.keys().cloned().collect::<BTreeSet<String>>();
     assert_eq!(
         names(&got),
-        names(&readme),
-        "exposed names (left) against README (right)"
+        names(&spec),
+        "exposed names (left) against docs/metrics.md (right)"
     );
     for (name, (ty, labels)) in &got {
-        let (rty, rlabels) = &readme[name];
+        let (rty, rlabels) = &spec[name];
         assert_eq!(ty, rty, "{name}: type");
         if !labels.is_empty() {
             assert_eq!(labels, rlabels, "{name}: labels");

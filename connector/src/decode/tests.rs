@@ -310,7 +310,7 @@ fn a_reject_storm_costs_one_redecode_plus_one_per_bad_record() {
 }
 
 /// Duplicate JSON keys are accepted on purpose: the last one wins
-/// (README, "Validation and rejects").
+/// (docs/rejects.md).
 #[test]
 fn a_duplicate_json_key_takes_its_last_value() {
     let out = decoder("")
