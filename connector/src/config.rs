@@ -229,7 +229,7 @@ pub struct RuntimeSettings {
     /// apply, WAL and flush writes, the fold. The run loop
     /// (take, decode, put) stays on the main thread at the process's own
     /// priority, so bursts of background work do not keep it from a core
-    /// (docs/thread-priority.md). 0 turns it off. Linux only.
+    /// (docs/decisions/0008-thread-priority.md). 0 turns it off. Linux only.
     pub background_nice: i32,
 }
 
@@ -353,7 +353,7 @@ impl std::fmt::Debug for StorageOptions {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WalSettings {
-    /// How a record finds its shard (docs/scale-out.md). Fixed at graph
+    /// How a record finds its shard (docs/decisions/0007-scale-out.md). Fixed at graph
     /// creation, like N.
     pub sharding: Sharding,
     /// Default buckets N per type (`bucket(id, N)`), 1..=1024. Fixed at
@@ -986,7 +986,7 @@ impl Config {
 
     /// Under partition sharding, shard (type, p) needs partition p of every
     /// topic feeding the type on one member. Of librdkafka's assignors only
-    /// `range` keeps them together (docs/scale-out.md, "Several topics on
+    /// `range` keeps them together (docs/decisions/0007-scale-out.md, "Several topics on
     /// one type"); `cooperative-sticky` and `roundrobin` would split them,
     /// and two members would claim one shard and fence each other in turn.
     fn validate_copartitioned_assignor(&self) -> Result<()> {

@@ -3,7 +3,7 @@
 //! column to ask "does this endpoint exist?" (about 40–80 ns per committed
 //! row: 0.4–0.8 s at 10M nodes, every fold) nor lets Lance's merge-insert
 //! hash-join every key of the table to find the rows it replaces: it
-//! deletes them by address (`fold::write`, docs/fold-size.md).
+//! deletes them by address (`fold::write`, docs/decisions/0004-fold-size.md).
 //!
 //! A Lance table version never changes, so a set is exact for the version
 //! it is filed under. The fold fills it from one scan (`fold::keys`) on a
@@ -18,7 +18,7 @@
 //! memory. A false "exists" needs two ids to collide on 128 bits: about
 //! 1e-27 per fold at 10M nodes and 40k endpoints. `fold.known_ids_max`
 //! bounds the ids held in total; a table past it is scanned every fold
-//! instead, and written by merge-insert (docs/fold-size.md).
+//! instead, and written by merge-insert (docs/decisions/0004-fold-size.md).
 //!
 //! Under partition sharding each node id also keeps its row's source
 //! partition (its "home", ~37–74 bytes per id), so a fold can refuse a row

@@ -1,5 +1,5 @@
 //! What an operator watches: the Prometheus metrics of one connector
-//! (docs/metrics.md is the contract: names, types, labels) and the state
+//! (docs/decisions/0006-metrics.md is the contract: names, types, labels) and the state
 //! behind `/health` and `/ready`. One `Metrics` per connector, passed down
 //! (no global registry: tests run several connectors in one process). It
 //! serves nothing itself (`http` does) and decides nothing.

@@ -3,7 +3,7 @@
 //! index apply, WAL and flush writes, the fold, the HTTP endpoint) runs on
 //! the workers and the blocking pool. Those threads get a lower priority,
 //! so a burst of background work cannot keep the one-task run loop, the
-//! ingest's critical path, waiting for a core (docs/thread-priority.md).
+//! ingest's critical path, waiting for a core (docs/decisions/0008-thread-priority.md).
 
 use crate::config::RuntimeSettings;
 

@@ -1,6 +1,6 @@
 """Which assignment does tansu 0.6 + librdkafka give two group members that
 subscribe to two co-partitioned topics (4 partitions each)?
-docs/scale-out.md, "Ownership and the assignor".
+docs/decisions/0007-scale-out.md, "Ownership and the assignor".
 
     python3 -m venv /tmp/plv && /tmp/plv/bin/pip install confluent-kafka
     (source scripts/lib.sh && ensure_tansu && start_broker &&

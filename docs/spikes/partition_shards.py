@@ -1,4 +1,4 @@
-"""Two MemWAL facts partition-aligned shards rely on (docs/scale-out.md):
+"""Two MemWAL facts partition-aligned shards rely on (docs/decisions/0007-scale-out.md):
 identity sharding on the nullable Int32 `_src_partition` column, and how
 long a claim (new epoch, sentinel, WAL replay) takes when the previous
 owner died with an unflushed memtable of ~100 B rows.

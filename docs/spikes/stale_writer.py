@@ -1,6 +1,6 @@
 """What Lance 14.0.2 does with a late commit from a stale reader.
 
-docs/scale-out.md, open risk 1: a folder stopped after it read table
+docs/decisions/0007-scale-out.md, open risk 1: a folder stopped after it read table
 version v0 resumes after another folder committed on top. Which of its
 merge-insert passes does Lance refuse, and which does it rebase and land?
 

@@ -368,7 +368,7 @@ async fn a_fold_reject_under_tolerance_none_publishes_nothing() {
 
 /// `@card(0..2)` and `@unique(src, dst)` over committed edges of many
 /// `src`s: the fold reads only the committed edges whose `src` one of its
-/// candidates names (docs/fold-size.md), and that must include the `src`
+/// candidates names (docs/decisions/0004-fold-size.md), and that must include the `src`
 /// of a deferred edge that resolves in a later fold with no other edge of
 /// that `src` in it, and the old `src` of a moved edge may be left out.
 #[tokio::test]

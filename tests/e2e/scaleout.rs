@@ -1,4 +1,4 @@
-//! Partition sharding (docs/scale-out.md): a record's shard is its source
+//! Partition sharding (docs/decisions/0007-scale-out.md): a record's shard is its source
 //! partition, and keying breaches are typed rejects, never silent merges.
 
 use std::collections::BTreeSet;

@@ -28,7 +28,7 @@ const ROW_ADDR: &str = "_rowaddr";
 
 /// What `table`'s kept ids keep with each id: the source partition for
 /// node tables under partition sharding (`shard_conflict`,
-/// docs/scale-out.md), a hash of `src` for edge tables with `@card` or
+/// docs/decisions/0007-scale-out.md), a hash of `src` for edge tables with `@card` or
 /// `@unique` (their checks read the committed edges of the fold's `src`s).
 pub(crate) fn kind(graph: &Graph, table: &str) -> Kind {
     let Some(ty) = graph.schema.types.iter().find(|t| t.table == table) else {

@@ -36,7 +36,7 @@ fn is_consumer_only(key: &str) -> bool {
 /// graphsink's consumer defaults; any `[kafka]` property overrides them.
 ///
 /// The fetch-queue ones are chosen by measurement (docs/perf/2026-12-02-consumer-fetch-queue-defaults.md,
-/// docs/consumer-defaults.md). graphsink stops draining librdkafka's queue
+/// docs/decisions/0003-consumer-defaults.md). graphsink stops draining librdkafka's queue
 /// for moments (it waits on in-flight durability and on freeze cuts); with
 /// librdkafka's own defaults, the pre-fetch queue then reaches
 /// `queued.min.messages` and fetching backs off for a whole second, so the
@@ -71,7 +71,7 @@ pub(crate) fn consumer_config(config: &Config) -> ClientConfig {
         // A shard has one writer, and co-partitioned topics must go to one
         // member together: `range` does both (docs/kafka.md has the
         // figures that chose it over `cooperative-sticky` and KIP-848's
-        // protocol; docs/scale-out.md the tansu history). Users may still
+        // protocol; docs/decisions/0007-scale-out.md the tansu history). Users may still
         // override it.
         match next_gen {
             true => cc.set("group.remote.assignor", "range"),

@@ -532,7 +532,7 @@ struct RunLoop<'a> {
 /// A member's part under partition sharding: the shards of its assigned
 /// partitions are its own, and the member assigned the fold partition
 /// (partition 0 of the first mapped topic, by name) folds every shard's
-/// flushed generations; the others only freeze theirs (docs/scale-out.md).
+/// flushed generations; the others only freeze theirs (docs/decisions/0007-scale-out.md).
 struct FoldRole {
     /// Topic → the type tables it feeds.
     feeds: BTreeMap<String, Vec<String>>,
