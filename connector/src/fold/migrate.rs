@@ -2,7 +2,7 @@
 //! `graphsink migrate`: a fold to quiescence under a claim of every shard,
 //! then the tables and the schema commit (`Graph::evolve`). The claim
 //! fences every writer still running the old schema; their next start is
-//! refused by name (docs/schema-evolution.md, docs/decisions/0001).
+//! refused by name (docs/schema-evolution.md, docs/decisions/0009-schema-change-by-quiescence.md).
 
 use std::time::Instant;
 
