@@ -113,8 +113,14 @@ pub enum Error {
     Panic { task: &'static str, message: String },
     #[error("failpoint {0} fired")]
     Failpoint(&'static str),
+    /// A broken invariant inside graphsink: a bug to report, never
+    /// retried as if it were passing trouble.
+    #[error("internal error (a bug in graphsink, please report it): {0}")]
+    Bug(String),
+    /// A Kafka operation that failed past librdkafka's own retries
+    /// (metadata, admin, a produce or read of graphsink's own tools).
     #[error("{0}")]
-    Other(String),
+    Broker(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -160,7 +166,8 @@ impl Error {
             }
             Error::Lance { source, .. } if passing_lance_failure(source) => ErrorKind::Retry,
             Error::Lance { source, .. } if source.fence_reason().is_some() => ErrorKind::Fenced,
-            Error::Lance { .. } | Error::Arrow { .. } | Error::Other(_) => ErrorKind::Retry,
+            Error::Lance { .. } | Error::Arrow { .. } | Error::Broker(_) => ErrorKind::Retry,
+            Error::Bug(_) => ErrorKind::Bug,
             Error::Corrupt(_) => ErrorKind::Corrupt,
             Error::NotFound(_) | Error::CommitExpired { .. } => ErrorKind::NotFound,
             Error::Panic { .. } => ErrorKind::Bug,
@@ -308,6 +315,23 @@ impl<T> Context<T> for std::result::Result<T, arrow_schema::ArrowError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A broken invariant is a bug, not passing trouble; a failed Kafka
+    /// operation of graphsink's own tools is.
+    #[test]
+    fn a_bug_is_not_retried_and_a_broker_failure_is() {
+        let bug = Error::Bug("decoder produced no rows".into());
+        assert_eq!(bug.kind(), ErrorKind::Bug);
+        assert!(
+            bug.to_string()
+                .starts_with("internal error (a bug in graphsink"),
+            "{bug}"
+        );
+        assert_eq!(
+            Error::Broker("kafka: cannot list groups".into()).kind(),
+            ErrorKind::Retry
+        );
+    }
 
     #[test]
     fn lance_errors_are_shown_without_source_locations() {

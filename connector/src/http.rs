@@ -28,7 +28,7 @@ pub async fn serve(
         .map_err(|e| Error::config(format!("http.listen: cannot listen on {addr}: {e}")))?;
     let bound = listener
         .local_addr()
-        .map_err(|e| Error::Other(format!("http: {e}")))?;
+        .map_err(|e| Error::config(format!("http.listen: the bound address: {e}")))?;
     tracing::info!(listen = %bound, "serving /metrics, /health and /ready");
     let task = tokio::spawn(accept(listener, metrics, shutdown));
     Ok((bound, task))

@@ -384,7 +384,7 @@ impl ShardPool {
             let t = self
                 .tables
                 .get_mut(table)
-                .ok_or_else(|| Error::Other(format!("no MemWAL table {table} to claim")))?;
+                .ok_or_else(|| Error::Bug(format!("no MemWAL table {table} to claim")))?;
             if t.shards.contains_key(&bucket) {
                 continue;
             }
@@ -590,7 +590,7 @@ impl ShardPool {
                         .await
                         .map_err(|e| fenced_or(e, &s.table, s.bucket, id, "close"))?,
                     Err(_) => {
-                        return Err(Error::Other(format!(
+                        return Err(Error::Bug(format!(
                             "shard {id} of {} is still in use at close",
                             s.table
                         )))
@@ -722,7 +722,7 @@ impl TableShards {
         let mut out = Vec::new();
         for (b, part) in self.route(&batch)? {
             let s = self.shards.get(&(b as u32)).ok_or_else(|| {
-                Error::Other(format!(
+                Error::Bug(format!(
                     "rows of {} for shard {b}, which this process does not hold",
                     self.table
                 ))

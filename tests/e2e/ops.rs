@@ -799,7 +799,10 @@ fn exposed(text: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
 /// types and labels (labels checked where samples exist).
 fn names_match_the_spec(text: &str) {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let spec = metric_table(&format!("{root}/docs/decisions/0006-metrics.md"), "## Metrics");
+    let spec = metric_table(
+        &format!("{root}/docs/decisions/0006-metrics.md"),
+        "## Metrics",
+    );
     let got = exposed(text);
     let names = |m: &BTreeMap<String, _>| m.keys().cloned().collect::<BTreeSet<String>>();
     assert_eq!(

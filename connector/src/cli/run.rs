@@ -58,7 +58,7 @@ fn spawn_signal_handlers(
     fold_now: Arc<tokio::sync::Notify>,
 ) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let sig = |k| signal(k).map_err(|e| Error::Other(format!("signal handler: {e}")));
+    let sig = |k| signal(k).map_err(|e| Error::Bug(format!("signal handler: {e}")));
     let mut term = sig(SignalKind::terminate())?;
     let mut int = sig(SignalKind::interrupt())?;
     let mut usr1 = sig(SignalKind::user_defined1())?;

@@ -91,7 +91,7 @@ impl AvroFormat {
                 if decoder.as_ref().is_none_or(|d| d.batch_size() < batch_size) {
                     *decoder = Some(Box::new(build(id, writer, reader, batch_size).map_err(
                         |e| {
-                            Fail::System(Error::Other(format!(
+                            Fail::System(Error::Bug(format!(
                                 "avro decoder of schema id {id}, which resolved before: {e}"
                             )))
                         },
@@ -101,7 +101,7 @@ impl AvroFormat {
             }
             Some(Writer::Refused(code, m)) => return bad(*code, m.clone()),
             None => {
-                return Err(Fail::System(Error::Other(format!(
+                return Err(Fail::System(Error::Bug(format!(
                     "schema id {id} was not fetched before decoding"
                 ))))
             }
@@ -114,7 +114,7 @@ impl AvroFormat {
         match out.len() {
             1 => Ok(out.pop().expect("one")),
             _ => arrow::compute::concat_batches(&out[0].schema(), &out)
-                .map_err(|e| Fail::System(Error::Other(format!("concat avro rows: {e}")))),
+                .map_err(|e| Fail::System(Error::Bug(format!("concat avro rows: {e}")))),
         }
     }
 
@@ -246,10 +246,10 @@ impl ValueFormat for AvroFormat {
                     interleave(&arrays, &place)
                 })
                 .collect::<std::result::Result<_, _>>()
-                .map_err(|e| Fail::System(Error::Other(format!("interleave avro rows: {e}"))))?
+                .map_err(|e| Fail::System(Error::Bug(format!("interleave avro rows: {e}"))))?
         };
         RecordBatch::try_new(self.decoded.clone(), columns)
-            .map_err(|e| Fail::System(Error::Other(format!("avro rows: {e}"))))
+            .map_err(|e| Fail::System(Error::Bug(format!("avro rows: {e}"))))
     }
 
     /// arrow-avro's errors already say what is wrong with the payload.

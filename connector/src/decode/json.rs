@@ -99,11 +99,7 @@ impl JsonFormat {
         }
         let batch = match self.decoder.flush() {
             Ok(Some(b)) => b,
-            Ok(None) => {
-                return Err(Fail::System(Error::Other(
-                    "decoder produced no rows".into(),
-                )))
-            }
+            Ok(None) => return Err(Fail::System(Error::Bug("decoder produced no rows".into()))),
             Err(e) => return bad(RejectCode::WrongType, e.to_string()),
         };
         self.with_composite(batch, ends)
@@ -150,7 +146,7 @@ impl JsonFormat {
                 .map(|t| Arc::new(StringArray::from(t)) as ArrayRef),
         );
         RecordBatch::try_new(self.decoded.clone(), columns)
-            .map_err(|e| Fail::System(Error::Other(format!("{}: {e}", self.type_name))))
+            .map_err(|e| Fail::System(Error::Bug(format!("{}: {e}", self.type_name))))
     }
 }
 

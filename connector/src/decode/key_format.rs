@@ -275,7 +275,7 @@ impl Framed {
         let mut texts: Vec<StringArray> = Vec::with_capacity(self.fields.len());
         for c in batch.columns() {
             let t = cast(c, &DataType::Utf8)
-                .map_err(|e| Fail::System(Error::Other(format!("key text: {e}"))))?;
+                .map_err(|e| Fail::System(Error::Bug(format!("key text: {e}"))))?;
             texts.push(
                 t.as_any()
                     .downcast_ref::<StringArray>()

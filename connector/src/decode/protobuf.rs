@@ -104,7 +104,7 @@ impl ProtobufFormat {
         let writer = match self.writers.get_mut(&f.schema_id) {
             Some(w) => w,
             None => {
-                return Err(Fail::System(Error::Other(format!(
+                return Err(Fail::System(Error::Bug(format!(
                     "schema id {} was not fetched before decoding",
                     f.schema_id
                 ))))
@@ -219,7 +219,7 @@ impl ValueFormat for ProtobufFormat {
             columns.push(built);
         }
         RecordBatch::try_new(self.decoded.clone(), columns)
-            .map_err(|e| Fail::System(Error::Other(format!("protobuf rows: {e}"))))
+            .map_err(|e| Fail::System(Error::Bug(format!("protobuf rows: {e}"))))
     }
 
     fn classify(&self, _value: &[u8]) -> Option<(RejectCode, String)> {

@@ -232,7 +232,7 @@ impl RecordDecoder {
             }
         }
         RecordBatch::try_new(schema, columns)
-            .map_err(|e| Fail::System(Error::Other(format!("{}: {e}", self.ty.name))))
+            .map_err(|e| Fail::System(Error::Bug(format!("{}: {e}", self.ty.name))))
     }
 }
 

@@ -36,7 +36,7 @@ impl Graph {
         let ev = self
             .evolving
             .clone()
-            .ok_or_else(|| Error::Other("no schema change to apply".into()))?;
+            .ok_or_else(|| Error::Bug("no schema change to apply".into()))?;
         let record = self
             .record()
             .await?
@@ -109,7 +109,7 @@ impl Graph {
             .map(|f| f.as_ref().clone())
             .collect();
         if let Some(f) = added.iter().find(|f| !f.is_nullable()) {
-            return Err(Error::Other(format!(
+            return Err(Error::Bug(format!(
                 "{table}: the plan adds required column {}, which no start allows",
                 f.name()
             )));

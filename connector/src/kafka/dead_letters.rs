@@ -334,7 +334,7 @@ impl DeadLetters {
             } else {
                 tokio::select! {
                     s = self.skip_delivered(&mut todo, held.as_mut()) => s,
-                    _ = stop.cancelled() => Err(Error::Other("stopped while reading".into())),
+                    _ = stop.cancelled() => Err(Error::Broker("stopped while reading".into())),
                 }
             };
             let (failed, attempted) = match skipped {

@@ -103,12 +103,12 @@ impl DeliveredReader {
             read_blocking(&c, &topics, since.as_ref(), tail)
         })
         .await
-        .map_err(|e| Error::Other(format!("dead-letter read task: {e}")))?
+        .map_err(|e| Error::Bug(format!("dead-letter read task: {e}")))?
     }
 }
 
 fn fail(what: String) -> impl FnOnce(KafkaError) -> Error {
-    move |e| Error::Other(format!("kafka: cannot {what}: {e}"))
+    move |e| Error::Broker(format!("kafka: cannot {what}: {e}"))
 }
 
 fn read_blocking(
@@ -138,7 +138,7 @@ fn read_blocking(
                 continue;
             }
             Some(e) => {
-                return Err(Error::Other(format!(
+                return Err(Error::Broker(format!(
                     "kafka: dead-letter topic {t}: metadata error {e}"
                 )))
             }
@@ -204,7 +204,7 @@ fn read_blocking(
             }
         }
         if last_message.elapsed() > READ_STALL {
-            break Err(Error::Other(format!(
+            break Err(Error::Broker(format!(
                 "reading the dead-letter topics: nothing received for {READ_STALL:?}; {} partitions unread",
                 todo.len()
             )));

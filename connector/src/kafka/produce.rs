@@ -30,7 +30,7 @@ pub(crate) async fn ensure_topic(config: &Config, topic: &str, partitions: i32) 
             admin::TopicCreation::Created => tracing::info!(topic, partitions, "created topic"),
             admin::TopicCreation::Exists => {}
             admin::TopicCreation::Failed(e) => {
-                return Err(Error::Other(format!("create topic {}: {e}", o.topic)))
+                return Err(Error::Broker(format!("create topic {}: {e}", o.topic)))
             }
         }
     }
@@ -45,7 +45,7 @@ pub(crate) async fn produce(config: &Config, topic: &str, records: &[KeyValue]) 
     let mut pending = std::collections::VecDeque::with_capacity(records.len().min(100_000));
     let delivered = |p: rdkafka::producer::DeliveryFuture| async move {
         p.await
-            .map_err(|_| Error::Other("producer dropped a delivery".into()))?
+            .map_err(|_| Error::Broker("producer dropped a delivery".into()))?
             .map_err(|(e, _)| Error::Kafka(e))
     };
     for r in records {
@@ -111,7 +111,7 @@ fn require_topic(
             .fetch_metadata(Some(topic), Duration::from_secs(10))
     })
     .map_err(|e| {
-        Error::Other(format!(
+        Error::Broker(format!(
             "kafka at {servers}: cannot fetch metadata of {topic}: {e}"
         ))
     })?;
@@ -148,7 +148,7 @@ async fn queue_replays<'r>(
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err((e, _)) => {
-                    return Err(Error::Other(format!(
+                    return Err(Error::Broker(format!(
                         "replay to {topic}: cannot queue reject {} ({} queued before): {e}",
                         r.reject_id,
                         deliveries.len()
@@ -176,7 +176,7 @@ async fn await_replays(topic: &str, deliveries: Vec<(&Reject, DeliveryFuture)>) 
     }
     match first {
         None => Ok(()),
-        Some(first) => Err(Error::Other(format!(
+        Some(first) => Err(Error::Broker(format!(
             "replay to {topic}: {failed} of {total} deliveries failed (first: {first})"
         ))),
     }

@@ -272,7 +272,7 @@ pub(crate) fn consumer_assignment(bytes: &[u8]) -> Option<Vec<TopicPartition>> {
 
 impl Inner {
     fn fail(&self, what: String, e: KafkaError) -> Error {
-        Error::Other(format!("kafka at {}: cannot {what}: {e}", self.servers))
+        Error::Broker(format!("kafka at {}: cannot {what}: {e}", self.servers))
     }
 }
 

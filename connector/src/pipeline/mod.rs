@@ -449,7 +449,7 @@ impl FoldTask {
         self.joined = true;
         match joined {
             Ok(Ok(())) if self.stop.is_cancelled() => Ok(()),
-            Ok(Ok(())) => Err(Error::Other("fold loop ended unexpectedly".into())),
+            Ok(Ok(())) => Err(Error::Bug("fold loop ended unexpectedly".into())),
             Ok(Err(e)) => Err(e),
             Err(e) => Err(Error::joined("fold loop", e)),
         }
@@ -755,7 +755,7 @@ impl RunLoop<'_> {
             let decoder = self
                 .decoders
                 .get_mut(topic)
-                .ok_or_else(|| Error::Other(format!("record from unmapped topic {topic}")))?;
+                .ok_or_else(|| Error::Bug(format!("record from unmapped topic {topic}")))?;
             let mut d = decoder.decode(&records)?;
             rejects.append(&mut d.rejects);
             decoded.push((decoder.graph_type().table.clone(), d));
