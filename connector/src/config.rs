@@ -655,12 +655,13 @@ impl Default for KeySource {
 #[serde(deny_unknown_fields)]
 pub struct Mapping {
     pub topic: String,
-    /// Node type name from the schema (exactly one of `node`, `edge`).
+    /// Node type name from the schema (exactly one of `node`, `edge`;
+    /// `feeds` reads them as one).
     #[serde(default)]
-    pub node: String,
+    pub node: Option<String>,
     /// Edge type name from the schema.
     #[serde(default)]
-    pub edge: String,
+    pub edge: Option<String>,
     /// Nodes: where the `@key` comes from (default `"value"`). Edges: only
     /// `"kafka"` (the Kafka key is the edge id); unset, the id is `(src,
     /// dst)` under `@unique(src, dst)`, else `topic/partition/offset`.
@@ -703,6 +704,15 @@ pub struct Mapping {
     pub dead_letter_topic: Option<String>,
 }
 
+/// What a mapping's records become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feeds<'a> {
+    /// Nodes of this type.
+    Node(&'a str),
+    /// Edges of this type.
+    Edge(&'a str),
+}
+
 impl Mapping {
     /// The graph type this mapping feeds.
     fn validate(&self, i: usize) -> Result<()> {
@@ -710,18 +720,18 @@ impl Mapping {
         if let Some(n) = m.buckets {
             check_buckets(&format!("mapping[{i}].buckets"), n)?;
         }
-        match (m.node.is_empty(), m.edge.is_empty()) {
-            (true, true) | (false, false) => {
+        match m.feeds() {
+            None => {
                 return Err(Error::config(format!(
                     "mapping[{i}]: set exactly one of node and edge"
                 )))
             }
-            (false, true) if m.src.is_some() || m.dst.is_some() => {
+            Some(Feeds::Node(_)) if m.src.is_some() || m.dst.is_some() => {
                 return Err(Error::config(format!(
                     "mapping[{i}]: src and dst are for edge mappings"
                 )))
             }
-            (true, false) => {
+            Some(Feeds::Edge(_)) => {
                 if !matches!(m.key, None | Some(KeySource::Named(KeyOrigin::Kafka))) {
                     return Err(Error::config(format!(
                         "mapping[{i}].key: an edge's key can only be \"kafka\" (the Kafka key is the edge id)"
@@ -751,16 +761,25 @@ impl Mapping {
         Ok(())
     }
 
+    /// The type this mapping feeds: a node type or an edge type (`None`
+    /// when the file sets neither or both, which `validate` refuses).
+    pub fn feeds(&self) -> Option<Feeds<'_>> {
+        match (self.node.as_deref(), self.edge.as_deref()) {
+            (Some(n), None) if !n.is_empty() => Some(Feeds::Node(n)),
+            (None, Some(e)) if !e.is_empty() => Some(Feeds::Edge(e)),
+            _ => None,
+        }
+    }
+
     pub fn type_name(&self) -> &str {
-        if self.edge.is_empty() {
-            &self.node
-        } else {
-            &self.edge
+        match self.feeds() {
+            Some(Feeds::Node(t) | Feeds::Edge(t)) => t,
+            None => "",
         }
     }
 
     pub fn is_edge(&self) -> bool {
-        !self.edge.is_empty()
+        matches!(self.feeds(), Some(Feeds::Edge(_)))
     }
 
     /// The node key source (nodes only).
