@@ -80,39 +80,63 @@ impl Graph {
     /// (`evolving`): the graph opens with its own schema, and a start
     /// applies the change after a fold to quiescence (`fold::migrate`).
     pub(super) async fn check_compatible(&mut self, config: &Config) -> Result<()> {
-        let head = self.head().await?;
-        let root = self.root.clone();
-        let incompatible = |message: String| Error::Incompatible {
-            root: root.clone(),
-            message,
-        };
-        let plan = self.schema_plan(&self.schema).await?;
         let record = self.record().await?;
+        self.plan_the_start(config, record.as_ref()).await?;
+        self.check_tables().await?;
+        match record {
+            Some(record) => self.check_layout(&record),
+            None => Ok(()),
+        }
+    }
+
+    fn incompatible(&self, message: String) -> Error {
+        Error::Incompatible {
+            root: self.root.clone(),
+            message,
+        }
+    }
+
+    /// The schema plan: refused changes are an error; allowed ones wait in
+    /// `evolving`, and the graph keeps its own schema until they apply.
+    async fn plan_the_start(
+        &mut self,
+        config: &Config,
+        record: Option<&SchemaRecord>,
+    ) -> Result<()> {
+        let plan = self.schema_plan(&self.schema).await?;
         let refused = plan.refused(config.graph.evolve);
         if !refused.is_empty() {
             return Err(refusal(&self.root, &refused));
         }
-        if !plan.changes.is_empty() {
-            let record = record.as_ref().expect("a plan comes from a record");
-            let old = GraphSchema::parse(&record.source, "the graph's recorded schema")?;
-            let new = std::mem::replace(&mut self.schema, Arc::new(old));
-            let new = Arc::try_unwrap(new).unwrap_or_else(|a| (*a).clone());
-            check_new_topics(&self.layout, record, &new, config).map_err(&incompatible)?;
-            self.evolving = Some(Arc::new(Evolution {
-                schema: new,
-                plan,
-                layout: (*self.layout).clone(),
-            }));
+        if plan.changes.is_empty() {
+            return Ok(());
         }
+        let record = record.expect("a plan comes from a record");
+        let old = GraphSchema::parse(&record.source, "the graph's recorded schema")?;
+        let new = std::mem::replace(&mut self.schema, Arc::new(old));
+        let new = Arc::try_unwrap(new).unwrap_or_else(|a| (*a).clone());
+        check_new_topics(&self.layout, record, &new, config).map_err(|m| self.incompatible(m))?;
+        self.evolving = Some(Arc::new(Evolution {
+            schema: new,
+            plan,
+            layout: (*self.layout).clone(),
+        }));
+        Ok(())
+    }
+
+    /// The head's tables are the schema's, each with its columns (at the
+    /// head's pin, and at its latest version unless a change waits) and its
+    /// MemWAL; then batches take the stored column order.
+    async fn check_tables(&mut self) -> Result<()> {
+        let head = self.head().await?;
         let all = self.schema.tables();
-        let want: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
+        let mut want: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
+        want.sort();
         let have: Vec<&str> = head.tables.keys().map(String::as_str).collect();
-        let mut want_sorted = want.clone();
-        want_sorted.sort();
-        if want_sorted != have {
-            return Err(incompatible(format!(
+        if want != have {
+            return Err(self.incompatible(format!(
                 "schema declares tables [{}] but the graph has [{}]",
-                want_sorted.join(", "),
+                want.join(", "),
                 have.join(", ")
             )));
         }
@@ -131,13 +155,13 @@ impl Graph {
             };
             let actual: Schema = ds.schema().into();
             same_columns(schema, &actual)
-                .map_err(|m| incompatible(format!("{table}: schema wants {m}")))?;
+                .map_err(|m| self.incompatible(format!("{table}: schema wants {m}")))?;
             if self.evolving.is_none() {
                 let now: Schema = latest.schema().into();
                 if let Err(m) = same_columns(schema, &now) {
                     // A start with a newer schema altered it and stopped
                     // before its schema commit (`graph/migrate.rs`).
-                    return Err(incompatible(format!(
+                    return Err(self.incompatible(format!(
                         "{table} carries an unfinished schema change ({m}): a start with a newer \
                          schema was applying it; start with that schema to finish it"
                     )));
@@ -146,14 +170,18 @@ impl Graph {
             if self.buckets.contains_key(table)
                 && ds.mem_wal_index_details().await.ctx(table)?.is_none()
             {
-                return Err(incompatible(format!("{table} has no MemWAL")));
+                return Err(self.incompatible(format!("{table} has no MemWAL")));
             }
             stored.insert(table.clone(), actual);
         }
         self.adopt_stored_order(&stored);
-        let Some(record) = record else {
-            return Ok(());
-        };
+        Ok(())
+    }
+
+    /// The shard layout the graph was created with against the config's:
+    /// the mode, and the partition or bucket counts.
+    fn check_layout(&self, record: &SchemaRecord) -> Result<()> {
+        let incompatible = |m: String| self.incompatible(m);
         let want = &self.layout;
         if record.sharding != want.sharding {
             return Err(incompatible(format!(

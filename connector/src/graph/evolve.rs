@@ -274,9 +274,17 @@ fn type_text(f: &Field) -> String {
     f.data_type().to_string()
 }
 
+/// Said of a tightened constraint: it is not checked against committed rows.
+const FROM_NOW: &str = ": applies to records from now on";
+
 fn constraints(old: &Constraints, new: &Constraints, push: &mut impl FnMut(Class, String)) {
-    let from_now = ": applies to records from now on";
-    // enum values
+    enums(old, new, push);
+    ranges(old, new, push);
+    checks_and_uniques(old, new, push);
+}
+
+fn enums(old: &Constraints, new: &Constraints, push: &mut impl FnMut(Class, String)) {
+    let from_now = FROM_NOW;
     for (p, values) in &new.enums {
         match old.enums.iter().find(|(q, _)| q == p) {
             None => push(
@@ -317,7 +325,10 @@ fn constraints(old: &Constraints, new: &Constraints, push: &mut impl FnMut(Class
             );
         }
     }
-    // @range
+}
+
+fn ranges(old: &Constraints, new: &Constraints, push: &mut impl FnMut(Class, String)) {
+    let from_now = FROM_NOW;
     for r in &new.ranges {
         match old.ranges.iter().find(|q| q.property == r.property) {
             None => push(
@@ -356,7 +367,10 @@ fn constraints(old: &Constraints, new: &Constraints, push: &mut impl FnMut(Class
             push(Class::Loosening, format!("@range({}) dropped", o.property));
         }
     }
-    // @check
+}
+
+fn checks_and_uniques(old: &Constraints, new: &Constraints, push: &mut impl FnMut(Class, String)) {
+    let from_now = FROM_NOW;
     for (p, re) in &new.checks {
         match old.checks.iter().find(|(q, _)| q == p) {
             Some((_, was)) if was == re => {}
