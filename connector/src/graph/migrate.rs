@@ -45,6 +45,8 @@ impl Graph {
         let mut stored = BTreeMap::new();
         let mut versions = BTreeMap::new();
         let wal_tables = ev.schema.wal_tables();
+        // The tables the head pins existed before this change.
+        let pinned = self.head().await?.tables;
         for layout in ev.schema.tables() {
             let buckets = ev.layout.counts.get(&layout.name).copied();
             if buckets.is_none() && wal_tables.contains(&layout.name) {
@@ -55,7 +57,7 @@ impl Graph {
                     layout.name
                 )));
             }
-            let ds = match self.record_has_table(&layout.name).await? {
+            let ds = match pinned.contains_key(&layout.name) {
                 true => self.alter_table(&layout.name, &layout.schema).await?,
                 false => self.init_table(&layout, buckets).await?,
             };
@@ -91,11 +93,6 @@ impl Graph {
         graph.adopt_record().await?;
         graph.adopt_stored_order(&stored);
         Ok((graph, commit))
-    }
-
-    /// Whether the head pins `table` (it existed before this change).
-    async fn record_has_table(&self, table: &str) -> Result<bool> {
-        Ok(self.head().await?.tables.contains_key(table))
     }
 
     /// Adds the columns `want` has and the table lacks (all null: a row
