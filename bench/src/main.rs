@@ -914,7 +914,7 @@ async fn check_rows(
 
 fn add_notes(a: &Args, r: &mut Report) {
     r.notes.push(format!(
-        "records/s: first fetch → all offsets committed (committed offsets sampled every {} ms); for graphsink the clock starts when RunStats.consumed first moves and counts only the records after that first poll; durable-ack latency: record timestamp → first sample showing its offset committed (resolution {} ms + one OffsetFetch round trip; bounded below by offsets.commit_interval and wal.flush_interval)",
+        "records/s: first fetch → all offsets committed (committed offsets sampled every {} ms); for graphsink the clock starts when the run's consumed total first moves and counts only the records after that first poll; durable-ack latency: record timestamp → first sample showing its offset committed (resolution {} ms + one OffsetFetch round trip; bounded below by offsets.commit_interval and wal.flush_interval)",
         a.sample_ms, a.sample_ms
     ));
     r.notes.push(format!("peak RSS: VmHWM after resetting it (clear_refs 5) at the start of each phase; {}; the fold runs in a fresh child process, so its peak is its own (start = the child's RSS before folding)", if a.in_process {

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use graphsink::GraphCommit;
-use graphsink::RunStats;
+use graphsink::Metrics;
 
 use crate::broker::BoxError;
 use crate::workload::Topics;
@@ -161,16 +161,16 @@ pub(crate) fn commit_latencies(
         .collect()
 }
 
-/// Watches `RunStats.consumed` at 1 ms and returns (time, count) when it
+/// Watches the run's `consumed` total at 1 ms and returns (time, count) when it
 /// first moves. The counter moves only once the first poll (up to
 /// `max_poll_records`) is decoded and handed to the WAL, so the fetch of
 /// those records happened earlier; callers therefore time only the records
 /// after that count, from that moment (otherwise a full first poll
 /// would be "free" and inflate small runs).
-pub(crate) fn first_fetch(stats: Arc<RunStats>) -> tokio::task::JoinHandle<(f64, u64)> {
+pub(crate) fn first_fetch(stats: Arc<Metrics>) -> tokio::task::JoinHandle<(f64, u64)> {
     tokio::spawn(async move {
         loop {
-            let n = stats.consumed.load(Ordering::Relaxed);
+            let n = stats.totals().consumed;
             if n > 0 {
                 return (now_ms(), n);
             }
@@ -179,19 +179,19 @@ pub(crate) fn first_fetch(stats: Arc<RunStats>) -> tokio::task::JoinHandle<(f64,
     })
 }
 
-/// Watches `RunStats.durable` at 1 ms until `stop` and returns when it last
+/// Watches the run's `durable` total at 1 ms until `stop` and returns when it last
 /// grew: the moment the phase's last poll became durable. The distance from
 /// it to "all offsets committed" is the commit cadence's share of the
 /// phase (graphsink commits on `offsets.commit_interval`; the bare loop
 /// commits synchronously the moment it has read the last record).
 pub(crate) fn last_durable(
-    stats: Arc<RunStats>,
+    stats: Arc<Metrics>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<f64> {
     tokio::spawn(async move {
         let (mut seen, mut at) = (0, now_ms());
         while !stop.is_cancelled() {
-            let n = stats.durable.load(Ordering::Relaxed);
+            let n = stats.totals().durable;
             if n > seen {
                 (seen, at) = (n, now_ms());
             }

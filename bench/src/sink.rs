@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use graphsink::{Config, RunOptions, RunStats};
+use graphsink::{Config, Metrics, RunOptions, RunTotals};
 
 use crate::broker::BoxError;
 use crate::formats::Codec;
@@ -39,7 +39,7 @@ pub(crate) struct BacklogRun {
     pub threads: Vec<GroupCpu>,
 }
 
-/// Where graphsink's run loop spent the run (from `RunStats`).
+/// Where graphsink's run loop spent the run (from `Metrics::totals`).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct LoopTimes {
     pub polls: u64,
@@ -65,20 +65,19 @@ pub(crate) struct LoopTimes {
 }
 
 impl LoopTimes {
-    fn of(stats: &RunStats) -> LoopTimes {
-        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let polls = get(&stats.polls);
+    fn of(t: &RunTotals) -> LoopTimes {
+        let secs = |ns: u64| ns as f64 / 1e9;
         LoopTimes {
-            polls,
-            records_per_poll: get(&stats.consumed) as f64 / polls.max(1) as f64,
-            poll_secs: get(&stats.poll_ns) as f64 / 1e9,
-            decode_secs: get(&stats.decode_ns) as f64 / 1e9,
-            put_secs: get(&stats.put_ns) as f64 / 1e9,
-            take_secs: get(&stats.take_ns) as f64 / 1e9,
-            reject_secs: get(&stats.reject_ns) as f64 / 1e9,
-            window_full_secs: get(&stats.window_full_ns) as f64 / 1e9,
-            cut_secs: get(&stats.cut_ns) as f64 / 1e9,
-            rejected: get(&stats.rejected),
+            polls: t.polls,
+            records_per_poll: t.consumed as f64 / t.polls.max(1) as f64,
+            poll_secs: secs(t.poll_ns),
+            decode_secs: secs(t.decode_ns),
+            put_secs: secs(t.put_ns),
+            take_secs: secs(t.take_ns),
+            reject_secs: secs(t.reject_ns),
+            window_full_secs: secs(t.window_full_ns),
+            cut_secs: secs(t.cut_ns),
+            rejected: t.rejected,
             durable_secs: 0.0,
         }
     }
@@ -96,7 +95,7 @@ pub(crate) async fn backlog(
     measure::reset_peak_rss();
     let start_rss_mib = measure::rss_mib();
     let group = cfg.kafka["group.id"].clone();
-    let stats = Arc::new(RunStats::default());
+    let stats = Arc::new(Metrics::default());
     let (tx, rx) = watch::channel(None);
     let (published, watcher) = measure::watch_published(rx);
     let sampler = CommitSampler::start(t, &group, every)?;
@@ -107,8 +106,7 @@ pub(crate) async fn backlog(
         exit_at_end: true,
         fold_now: None,
         published: Some(tx),
-        stats: Some(stats.clone()),
-        metrics: None,
+        metrics: Some(stats.clone()),
     };
     let summary = graphsink::run_with(cfg, opts, CancellationToken::new()).await?;
     let peak_rss_mib = measure::peak_rss_mib();
@@ -129,9 +127,9 @@ pub(crate) async fn backlog(
         start_rss_mib,
         run_loop: LoopTimes {
             durable_secs: (last_durable - first) / 1e3,
-            ..LoopTimes::of(&stats)
+            ..LoopTimes::of(&stats.totals())
         },
-        restarts: stats.restarts.load(Ordering::Relaxed),
+        restarts: stats.totals().restarts,
         cpu_cores: None,
         threads: Vec::new(),
     })
@@ -227,7 +225,7 @@ pub(crate) async fn live(
     catch_up: u64,
 ) -> Result<LiveRun, BoxError> {
     let group = cfg.kafka["group.id"].clone();
-    let stats = Arc::new(RunStats::default());
+    let stats = Arc::new(Metrics::default());
     let (tx, rx) = watch::channel(None);
     let (published, watcher) = measure::watch_published(rx);
     let stop = CancellationToken::new();
@@ -235,8 +233,7 @@ pub(crate) async fn live(
         exit_at_end: false,
         fold_now: None,
         published: Some(tx),
-        stats: Some(stats.clone()),
-        metrics: None,
+        metrics: Some(stats.clone()),
     };
     let run = tokio::spawn(graphsink::run_with(cfg, opts, stop.clone()));
 
@@ -251,7 +248,7 @@ pub(crate) async fn live(
         .await??;
     }
     let deadline = Instant::now() + Duration::from_secs(90 + catch_up / 1000);
-    while stats.durable.load(Ordering::Relaxed) < catch_up + 1 {
+    while stats.totals().durable < catch_up + 1 {
         if run.is_finished() || Instant::now() > deadline {
             stop.cancel();
             run.await??;

@@ -54,10 +54,10 @@ pub use kafka::client::CONSUMER_DEFAULTS;
 pub use kafka::queries::{GroupMember, GroupMembers, MissingTopic};
 /// Metrics and probe state of one connector (docs/decisions/0006-metrics.md).
 pub use metrics::{
-    Format as MetricsFormat, Health, Metrics, Readiness, CONTENT_TYPE as METRICS_CONTENT_TYPE,
-    TEXT_CONTENT_TYPE as METRICS_TEXT_CONTENT_TYPE,
+    Format as MetricsFormat, Health, Metrics, Readiness, RunTotals,
+    CONTENT_TYPE as METRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE as METRICS_TEXT_CONTENT_TYPE,
 };
-pub use pipeline::{run, run_with, RunOptions, RunStats, RunSummary};
+pub use pipeline::{run, run_with, RunOptions, RunSummary};
 /// What the CLI's commands do, as library calls.
 pub use query::produce::produce_file;
 pub use query::rejects::{

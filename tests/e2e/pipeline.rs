@@ -1,7 +1,6 @@
 //! The consume → WAL → commit → fold path, in process.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -224,16 +223,16 @@ async fn committed_offset_never_passes_durability(backend: Backend) {
     let w = people(40, 40, 2);
     produce(topic, &w.recs).await;
 
-    let stats = Arc::new(graphsink::RunStats::default());
+    let stats = Arc::new(graphsink::Metrics::default());
     let stop = CancellationToken::new();
     let options = graphsink::RunOptions {
-        stats: Some(stats.clone()),
+        metrics: Some(stats.clone()),
         ..Default::default()
     };
     let task = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));
     let n = w.recs.len() as u64;
     wait_until("records consumed", Duration::from_secs(30), || {
-        stats.consumed.load(Ordering::Relaxed) == n
+        stats.totals().consumed == n
     })
     .await;
     // Twenty commit cadences pass while the WAL entry is still pending (the
@@ -244,11 +243,7 @@ async fn committed_offset_never_passes_durability(backend: Backend) {
         "committed past undurable records: {:?}",
         committed(&tg.group, topic, 2)
     );
-    assert_eq!(
-        stats.durable.load(Ordering::Relaxed),
-        0,
-        "WAL flush was held back"
-    );
+    assert_eq!(stats.totals().durable, 0, "WAL flush was held back");
     let ends = end_offsets(topic, 2);
     wait_until("commit after durability", Duration::from_secs(30), || {
         committed(&tg.group, topic, 2) == ends
@@ -315,9 +310,9 @@ async fn a_fenced_connector_stops_and_acks_nothing_more(backend: Backend) {
     let w = people(10, 10, 1);
     let end = w.recs.len() as i64;
     produce(topic, &w.recs).await;
-    let stats = Arc::new(graphsink::RunStats::default());
+    let stats = Arc::new(graphsink::Metrics::default());
     let options = graphsink::RunOptions {
-        stats: Some(stats.clone()),
+        metrics: Some(stats.clone()),
         ..Default::default()
     };
     let task = tokio::spawn(graphsink::run_with(
@@ -426,16 +421,16 @@ async fn revoke_commits_durable_watermarks_synchronously() {
     produce(&topic, &w.recs).await;
     let ends = end_offsets(&topic, 4);
 
-    let stats = Arc::new(graphsink::RunStats::default());
+    let stats = Arc::new(graphsink::Metrics::default());
     let options = graphsink::RunOptions {
-        stats: Some(stats.clone()),
+        metrics: Some(stats.clone()),
         ..Default::default()
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));
     let n = w.recs.len() as u64;
     wait_until("all durable", Duration::from_secs(30), || {
-        stats.durable.load(Ordering::Relaxed) == n
+        stats.totals().durable == n
     })
     .await;
     assert!(

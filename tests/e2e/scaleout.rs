@@ -15,14 +15,14 @@ const MEMBERS: &str =
 /// One `graphsink run` member in this process: its task and its stop.
 fn start_member(
     config: graphsink::Config,
-    stats: std::sync::Arc<graphsink::RunStats>,
+    stats: std::sync::Arc<graphsink::Metrics>,
 ) -> (
     tokio::task::JoinHandle<graphsink::Result<graphsink::RunSummary>>,
     tokio_util::sync::CancellationToken,
 ) {
     let stop = tokio_util::sync::CancellationToken::new();
     let options = graphsink::RunOptions {
-        stats: Some(stats),
+        metrics: Some(stats),
         ..Default::default()
     };
     let task = tokio::spawn(graphsink::run_with(config, options, stop.clone()));
@@ -211,7 +211,6 @@ async fn a_record_off_its_keys_partition_is_refused_under_a_known_partitioner() 
 /// graph, and every offset is committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_members_split_the_shards_and_one_folds_them_all() {
-    use std::sync::atomic::Ordering;
     use std::sync::Arc;
     crate::init_logs();
     let tg = TestGraph::new(&["node = \"Person\""], MEMBERS);
@@ -226,13 +225,13 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
             })
             .collect()
     };
-    let member = |stats: Arc<graphsink::RunStats>| start_member(tg.config(), stats);
+    let member = |stats: Arc<graphsink::Metrics>| start_member(tg.config(), stats);
     let all_committed = |topic: &str| {
         let ends = end_offsets(topic, 4);
         committed(&tg.group, topic, 4) == ends
     };
 
-    let a_stats = Arc::new(graphsink::RunStats::default());
+    let a_stats = Arc::new(graphsink::Metrics::default());
     let (a, a_stop) = member(a_stats.clone());
     produce(&topic, &batch(1)).await;
     wait_until(
@@ -242,12 +241,12 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
     )
     .await;
 
-    let b_stats = Arc::new(graphsink::RunStats::default());
+    let b_stats = Arc::new(graphsink::Metrics::default());
     let (b, b_stop) = member(b_stats.clone());
     // Round 2 goes on until the second member has taken partitions.
     let mut round = 2;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while b_stats.consumed.load(Ordering::Relaxed) == 0 {
+    while b_stats.totals().consumed == 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "the second member never got records"
@@ -272,7 +271,7 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
         },
     )
     .await;
-    assert!(a_stats.consumed.load(Ordering::Relaxed) > 0);
+    assert!(a_stats.totals().consumed > 0);
     assert!(!a.is_finished() && !b.is_finished(), "a member stopped");
 
     // One claim per member per shard it holds: epochs 1 (never moved) or 2
@@ -288,8 +287,8 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
     assert_eq!(epochs.len(), 4);
     assert!(epochs.iter().all(|&e| e == 1 || e == 2), "{epochs:?}");
     assert!(epochs.contains(&1) && epochs.contains(&2), "{epochs:?}");
-    assert_eq!(a_stats.restarts.load(Ordering::Relaxed), 0);
-    assert_eq!(b_stats.restarts.load(Ordering::Relaxed), 0);
+    assert_eq!(a_stats.totals().restarts, 0);
+    assert_eq!(b_stats.totals().restarts, 0);
     // Both members run in this process, so one folder is named: this one.
     let me = graphsink::shard_holder();
     assert_eq!(
@@ -313,7 +312,6 @@ async fn two_members_split_the_shards_and_one_folds_them_all() {
 /// every topic it was created with), and the other member goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
-    use std::sync::atomic::Ordering;
     use std::sync::Arc;
     crate::init_logs();
     let tg = TestGraph::new(&["node = \"Person\"", "node = \"Person\""], MEMBERS);
@@ -335,7 +333,7 @@ async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
             .all(|t| committed(&tg.group, t, 4) == end_offsets(t, 4))
     };
 
-    let a_stats = Arc::new(graphsink::RunStats::default());
+    let a_stats = Arc::new(graphsink::Metrics::default());
     let (a, a_stop) = start_member(tg.config(), a_stats.clone());
     produce(&ta, &batch("a", 1)).await;
     produce(&tb, &batch("b", 1)).await;
@@ -346,11 +344,11 @@ async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
     )
     .await;
 
-    let b_stats = Arc::new(graphsink::RunStats::default());
+    let b_stats = Arc::new(graphsink::Metrics::default());
     let (b, b_stop) = start_member(tg.config(), b_stats.clone());
     let mut round = 2;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while b_stats.consumed.load(Ordering::Relaxed) == 0 {
+    while b_stats.totals().consumed == 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "the second member never got records"
@@ -380,8 +378,8 @@ async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
     // would have claimed shard p and fenced each other: a restart, an
     // epoch past 2, or now the split error.
     assert!(!a.is_finished() && !b.is_finished(), "a member stopped");
-    assert_eq!(a_stats.restarts.load(Ordering::Relaxed), 0);
-    assert_eq!(b_stats.restarts.load(Ordering::Relaxed), 0);
+    assert_eq!(a_stats.totals().restarts, 0);
+    assert_eq!(b_stats.totals().restarts, 0);
     let status = graphsink::graph_status(&tg.config()).await.unwrap();
     let epochs: Vec<u64> = status
         .shards
@@ -403,7 +401,7 @@ async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
     let cut = cfg.find(&second).expect("the second mapping");
     let narrow = tg.dir.path().join("narrow.toml");
     std::fs::write(&narrow, &cfg[..cut]).unwrap();
-    let c_stats = Arc::new(graphsink::RunStats::default());
+    let c_stats = Arc::new(graphsink::Metrics::default());
     let (c, _c_stop) = start_member(graphsink::Config::load(&narrow).unwrap(), c_stats.clone());
     let e = tokio::time::timeout(Duration::from_secs(60), c)
         .await
@@ -416,7 +414,7 @@ async fn co_partitioned_topics_stay_together_and_a_split_is_refused() {
         msg.contains(&tb) && msg.contains("every member maps every topic"),
         "{msg}"
     );
-    assert_eq!(c_stats.consumed.load(Ordering::Relaxed), 0);
+    assert_eq!(c_stats.totals().consumed, 0);
     // The first member still holds every partition and ingests.
     produce(&ta, &batch("a", last + 1)).await;
     produce(&tb, &batch("b", last + 1)).await;
@@ -459,7 +457,7 @@ async fn an_id_moving_partition_between_folds_is_refused_and_its_row_stays() {
                 .collect()
         };
 
-    let stats = Arc::new(graphsink::RunStats::default());
+    let stats = Arc::new(graphsink::Metrics::default());
     let (member, stop) = start_member(tg.config(), stats);
     produce(
         &topic,
@@ -699,10 +697,10 @@ async fn a_member_holding_nothing_ends_at_exit_at_end_once_the_graph_holds_every
         c
     };
     let holding_nothing = || {
-        let stats = Arc::new(graphsink::RunStats::default());
+        let stats = Arc::new(graphsink::Metrics::default());
         let options = graphsink::RunOptions {
             exit_at_end: true,
-            stats: Some(stats.clone()),
+            metrics: Some(stats.clone()),
             ..Default::default()
         };
         let stop = tokio_util::sync::CancellationToken::new();
@@ -718,7 +716,7 @@ async fn a_member_holding_nothing_ends_at_exit_at_end_once_the_graph_holds_every
     // 1. The member with the partition folds nothing: the other waits.
     let (a, a_stop) = start_member(
         config(Duration::from_secs(3600)),
-        Arc::new(graphsink::RunStats::default()),
+        Arc::new(graphsink::Metrics::default()),
     );
     produce(&topic, &batch(1)).await;
     wait_until("round 1 committed", Duration::from_secs(60), all_committed).await;
@@ -728,10 +726,7 @@ async fn a_member_holding_nothing_ends_at_exit_at_end_once_the_graph_holds_every
         !b.is_finished(),
         "ended with 20 committed rows in the WAL and none in the graph"
     );
-    assert_eq!(
-        b_stats.consumed.load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(b_stats.totals().consumed, 0);
     assert!(
         tg.rows("nodes/Person").await.is_empty(),
         "nothing folded yet"
@@ -748,7 +743,7 @@ async fn a_member_holding_nothing_ends_at_exit_at_end_once_the_graph_holds_every
     // 2. Beside a member that folds, it ends while that member goes on.
     let (a, a_stop) = start_member(
         config(Duration::from_secs(1)),
-        Arc::new(graphsink::RunStats::default()),
+        Arc::new(graphsink::Metrics::default()),
     );
     produce(&topic, &batch(2)).await;
     wait_for("round 2 in the graph", Duration::from_secs(60), || async {
@@ -767,10 +762,7 @@ async fn a_member_holding_nothing_ends_at_exit_at_end_once_the_graph_holds_every
         .unwrap()
         .expect("cleanly");
     assert_eq!(summary.records, 0);
-    assert_eq!(
-        b_stats.consumed.load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(b_stats.totals().consumed, 0);
     assert!(!a.is_finished(), "the folding member goes on");
     a_stop.cancel();
     a.await.unwrap().expect("the folding member stops cleanly");

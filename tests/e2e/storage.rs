@@ -4,7 +4,6 @@
 //! does, on the real wire between the real client and the real server).
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -115,10 +114,10 @@ async fn a_lost_wal_reply_reopens_the_shard_and_carries_on() {
     produce(topic, &w.recs).await;
     // Every retry of the entry is reset too, until the writer gives up.
     let lost = proxy.add(rule("PUT", "/wal/", Fault::ResetAfter, Some(12)));
-    let stats = Arc::new(graphsink::RunStats::default());
+    let stats = Arc::new(graphsink::Metrics::default());
     let options = graphsink::RunOptions {
         exit_at_end: true,
-        stats: Some(stats.clone()),
+        metrics: Some(stats.clone()),
         ..Default::default()
     };
     let run = graphsink::run_with(tg.config(), options, CancellationToken::new());
@@ -127,10 +126,7 @@ async fn a_lost_wal_reply_reopens_the_shard_and_carries_on() {
         .expect("the run reached the end")
         .expect("the run survived the lost replies");
     assert!(proxy.hits(lost) >= 1, "the fault fired");
-    assert!(
-        stats.restarts.load(Ordering::Relaxed) >= 1,
-        "the shards were reopened"
-    );
+    assert!(stats.totals().restarts >= 1, "the shards were reopened");
     assert!(tg.cli(&["fold"], &[]).status.success());
     assert_eq!(committed(&tg.group, topic, 1), end_offsets(topic, 1));
     assert_people(&tg, &w).await;
@@ -148,9 +144,9 @@ async fn an_outage_pauses_ingest_and_acks_nothing_until_it_ends() {
     create_topic(topic, 2).await;
     let first = people(40, 40, 2);
     produce(topic, &first.recs).await;
-    let stats = Arc::new(graphsink::RunStats::default());
+    let stats = Arc::new(graphsink::Metrics::default());
     let options = graphsink::RunOptions {
-        stats: Some(stats.clone()),
+        metrics: Some(stats.clone()),
         ..Default::default()
     };
     let stop = CancellationToken::new();

@@ -30,7 +30,6 @@ pub(super) async fn run(path: &Path, exit_at_end: bool, http: Option<SocketAddr>
         exit_at_end,
         fold_now: Some(fold_now),
         published: None,
-        stats: None,
         metrics: listen.map(|_| metrics),
     };
     let result = run_with(config, options, shutdown.clone()).await;

@@ -53,7 +53,7 @@ pub use policy::Policies;
 pub(crate) use recover::recover;
 pub(crate) use redeliver::redeliver;
 pub(crate) use report::Report;
-pub(crate) use task::{CutRequest, FoldLoop, FreezeCut, Part};
+pub(crate) use task::{CutRequest, Duty, FoldLoop, FoldTask, FreezeCut, FromFold};
 pub use write::COMPACT_FRAGMENTS;
 
 /// How many times a publish may find the head moved (and re-check) before

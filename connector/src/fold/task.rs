@@ -5,12 +5,18 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch, Notify};
+use tokio_util::sync::CancellationToken;
 
 use super::{execute, plan, Folded, Policies, Report};
-use crate::error::{ErrorKind, Result};
+use crate::config::Config;
+use crate::error::{Error, ErrorKind, Result};
 use crate::failpoints;
 use crate::graph::{Graph, GraphCommit};
 use crate::kafka::DeadLetters;
+use crate::metrics::Metrics;
 use crate::offsets::WrittenSpans;
 use crate::retention;
 use crate::shards;
@@ -26,9 +32,9 @@ pub(crate) struct FreezeCut {
 
 pub(crate) type CutRequest = tokio::sync::oneshot::Sender<Result<FreezeCut>>;
 
-/// A member's part in folding under partition sharding.
+/// A member's duty in folding under partition sharding.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Part {
+pub(crate) struct Duty {
     /// It holds the fold partition: it folds every shard.
     pub folds: bool,
     /// It holds every mapped partition: no other member has unflushed rows.
@@ -37,46 +43,129 @@ pub(crate) struct Part {
 
 /// The background fold loop of a running connector: serial, one fold at a
 /// time, triggered by its interval, by `wake` (pending rows/bytes, or an
-/// operator's request), and stopped by `stop`.
+/// operator's request), and stopped by `stop`. Built by `new`, given what
+/// the session knows with the `with_*` calls, and started by `spawn`.
 pub(crate) struct FoldLoop {
-    pub graph: Graph,
-    pub policies: Policies,
-    pub interval: std::time::Duration,
-    pub actor: String,
-    pub cuts: tokio::sync::mpsc::Sender<CutRequest>,
-    pub wake: Arc<tokio::sync::Notify>,
-    pub stop: tokio_util::sync::CancellationToken,
+    graph: Graph,
+    policies: Policies,
+    interval: std::time::Duration,
+    actor: String,
+    /// Asks the run loop for a freeze cut (set by `spawn`).
+    cuts: mpsc::Sender<CutRequest>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
     /// Fold once more when stopped, so a graceful shutdown leaves the graph
     /// current (and its offsets exactly attributed).
-    pub final_fold: bool,
+    final_fold: bool,
     /// Receives each published commit (tests and latency measurements).
-    pub published: tokio::sync::watch::Sender<Option<GraphCommit>>,
+    published: watch::Sender<Option<GraphCommit>>,
     /// Where fold rejects go once their commit is published.
-    pub(crate) dead_letters: DeadLetters,
+    dead_letters: DeadLetters,
     /// Newest commit whose fold rejects are all delivered.
-    pub delivered: u64,
-    /// Gives up a dead-letter delivery that keeps failing (shutdown).
-    pub stop_delivery: tokio_util::sync::CancellationToken,
+    delivered: u64,
+    /// Gives up a dead-letter delivery that keeps failing: a child of the
+    /// shutdown token, also cancelled when the run fails.
+    stop_delivery: CancellationToken,
     /// Garbage collection after a publish (`None`: retention is off). In
     /// this loop it never races a fold of this process.
-    pub(crate) retention: Option<retention::Scheduled>,
+    retention: Option<retention::Scheduled>,
     /// Metrics and the summary log of each fold.
-    pub(crate) report: Report,
+    report: Report,
     /// When the oldest record not yet published was taken (over cuts, as `spans`).
-    pub oldest_taken: Option<std::time::Instant>,
-    /// Under partition sharding, this member's part: whether it folds now
+    oldest_taken: Option<std::time::Instant>,
+    /// Under partition sharding, this member's duty: whether it folds now
     /// (it holds the fold partition; the others only freeze their shards,
     /// so that the folding member finds their rows in flushed generations)
     /// and whether it holds every partition. `None`: this process holds
     /// every shard and folds.
-    pub leader: Option<tokio::sync::watch::Receiver<Part>>,
+    leader: Option<watch::Receiver<Duty>>,
     /// Whether this member recovered and re-delivered since it last became
     /// the folding member.
-    pub recovered: bool,
+    recovered: bool,
 }
 
 impl FoldLoop {
-    pub(crate) async fn run(mut self) -> Result<()> {
+    /// A fold loop of `graph` under `[fold]` and `[graph] actor`; its
+    /// dead-letter deliveries end with `shutdown`.
+    pub(crate) fn new(
+        config: &Config,
+        graph: Graph,
+        policies: Policies,
+        dead_letters: DeadLetters,
+        metrics: Arc<Metrics>,
+        shutdown: &CancellationToken,
+    ) -> FoldLoop {
+        FoldLoop {
+            graph,
+            policies,
+            interval: config.fold.interval,
+            actor: config.graph.actor.clone(),
+            cuts: mpsc::channel(1).0,
+            wake: Arc::default(),
+            stop: CancellationToken::new(),
+            final_fold: config.fold.on_shutdown,
+            published: watch::channel(None).0,
+            dead_letters,
+            delivered: 0,
+            stop_delivery: shutdown.child_token(),
+            retention: None,
+            report: Report::new(metrics),
+            oldest_taken: None,
+            leader: None,
+            recovered: false,
+        }
+    }
+
+    /// Folds now when notified (pending rows or bytes; an operator's SIGUSR1).
+    pub(crate) fn with_wake(mut self, wake: Arc<Notify>) -> FoldLoop {
+        self.wake = wake;
+        self
+    }
+
+    /// Sends each published commit to `published`.
+    pub(crate) fn with_published(
+        mut self,
+        published: watch::Sender<Option<GraphCommit>>,
+    ) -> FoldLoop {
+        self.published = published;
+        self
+    }
+
+    /// The newest commit whose fold rejects are already delivered.
+    pub(crate) fn with_delivered(mut self, delivered: u64) -> FoldLoop {
+        self.delivered = delivered;
+        self
+    }
+
+    /// Collects garbage after publishes, when `[retention]` is on.
+    pub(crate) fn with_retention(mut self, retention: Option<retention::Scheduled>) -> FoldLoop {
+        self.retention = retention;
+        self
+    }
+
+    /// Under partition sharding: folds only while `duty` says so.
+    pub(crate) fn with_duty(mut self, duty: watch::Receiver<Duty>) -> FoldLoop {
+        self.leader = Some(duty);
+        self
+    }
+
+    /// Starts the loop on its own task; the run loop serves its cuts
+    /// through the returned handle.
+    pub(crate) fn spawn(self) -> FoldTask {
+        let (tx, cuts) = mpsc::channel(1);
+        let fold_loop = FoldLoop { cuts: tx, ..self };
+        FoldTask {
+            stop: fold_loop.stop.clone(),
+            stop_delivery: fold_loop.stop_delivery.clone(),
+            handle: tokio::spawn(fold_loop.run()),
+            joined: false,
+            cuts,
+        }
+    }
+}
+
+impl FoldLoop {
+    async fn run(mut self) -> Result<()> {
         let period = if self.interval.is_zero() {
             std::time::Duration::from_secs(3600 * 24 * 365)
         } else {
@@ -241,5 +330,164 @@ impl FoldLoop {
             }
         }
         Ok(true)
+    }
+}
+
+/// The fold loop's task and the run loop's side of its controls.
+pub(crate) struct FoldTask {
+    handle: tokio::task::JoinHandle<Result<()>>,
+    /// Set once the handle returned (a join handle must not be polled again).
+    joined: bool,
+    stop: CancellationToken,
+    /// Gives up the fold's dead-letter deliveries.
+    stop_delivery: CancellationToken,
+    /// The fold loop's freeze-cut requests, served between polls.
+    cuts: mpsc::Receiver<CutRequest>,
+}
+
+/// What the fold task asks of the run loop, or that it ended.
+pub(crate) enum FromFold {
+    Cut(CutRequest),
+    Ended(Result<()>),
+}
+
+impl FoldTask {
+    /// The fold task's next cut request, or its end (ahead of any request).
+    pub(crate) async fn next(&mut self) -> FromFold {
+        if self.joined {
+            return FromFold::Ended(Ok(()));
+        }
+        tokio::select! {
+            biased;
+            joined = &mut self.handle => FromFold::Ended(self.ended(joined)),
+            Some(req) = self.cuts.recv() => FromFold::Cut(req),
+        }
+    }
+
+    /// How the fold task ended, as the run loop's result: only a stop asked
+    /// for ends it cleanly.
+    fn ended(
+        &mut self,
+        joined: std::result::Result<Result<()>, tokio::task::JoinError>,
+    ) -> Result<()> {
+        self.joined = true;
+        match joined {
+            Ok(Ok(())) if self.stop.is_cancelled() => Ok(()),
+            Ok(Ok(())) => Err(Error::Bug("fold loop ended unexpectedly".into())),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(Error::joined("fold loop", e)),
+        }
+    }
+
+    /// Asks the loop to end, after its final fold if `fold.on_shutdown`.
+    pub(crate) fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// After a failure: no final fold (cut requests go unanswered) and no
+    /// more deliveries; waits up to `bound` for the task to end, then
+    /// aborts it (a fold cut short is a crash the next start recovers).
+    pub(crate) async fn abandon(mut self, bound: Duration) {
+        self.stop.cancel();
+        self.stop_delivery.cancel();
+        drop(self.cuts);
+        if self.joined {
+            return;
+        }
+        match tokio::time::timeout(bound, &mut self.handle).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the fold loop stopped with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "the fold loop panicked"),
+            Err(_) => {
+                tracing::warn!(?bound, "the fold loop did not stop in time; aborting it");
+                self.handle.abort();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fold_task(
+        handle: tokio::task::JoinHandle<Result<()>>,
+        stop: &CancellationToken,
+        stop_delivery: &CancellationToken,
+        cuts: mpsc::Receiver<CutRequest>,
+    ) -> FoldTask {
+        FoldTask {
+            handle,
+            joined: false,
+            stop: stop.clone(),
+            stop_delivery: stop_delivery.clone(),
+            cuts,
+        }
+    }
+
+    /// A failed run gives up the fold's deliveries, answers no final cut,
+    /// and returns only once the fold task has ended: nothing the task
+    /// holds outlives the run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_run_waits_for_its_fold_task() {
+        let (stop, stop_delivery) = (CancellationToken::new(), CancellationToken::new());
+        let (cut_tx, cuts) = mpsc::channel::<CutRequest>(1);
+        let (alive, gone) = watch::channel(());
+        let (s, d) = (stop.clone(), stop_delivery.clone());
+        let handle = tokio::spawn(async move {
+            let _alive = alive;
+            // Like a dead-letter retry: ends only when delivery is given up.
+            d.cancelled().await;
+            s.cancelled().await;
+            // Like the final fold: asks for a cut, which must go unanswered.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if cut_tx.send(tx).await.is_ok() {
+                let _ = rx.await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(())
+        });
+        let started = std::time::Instant::now();
+        fold_task(handle, &stop, &stop_delivery, cuts)
+            .abandon(Duration::from_secs(20))
+            .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no wait for the bound"
+        );
+        assert!(gone.has_changed().is_err(), "the fold task ended first");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fold_task_that_does_not_stop_is_aborted_past_the_bound() {
+        let (stop, stop_delivery) = (CancellationToken::new(), CancellationToken::new());
+        let (_cut_tx, cuts) = mpsc::channel::<CutRequest>(1);
+        let (alive, mut gone) = watch::channel(());
+        let handle = tokio::spawn(async move {
+            let _alive = alive;
+            std::future::pending::<()>().await;
+            Ok(())
+        });
+        fold_task(handle, &stop, &stop_delivery, cuts)
+            .abandon(Duration::from_millis(100))
+            .await;
+        let dropped = tokio::time::timeout(Duration::from_secs(5), gone.changed()).await;
+        assert!(matches!(dropped, Ok(Err(_))), "the task was aborted");
+    }
+
+    /// A fold loop that ends without being asked to is a bug, not a stop.
+    #[tokio::test]
+    async fn a_fold_task_ending_unasked_is_a_bug() {
+        let (stop, stop_delivery) = (CancellationToken::new(), CancellationToken::new());
+        let (_cut_tx, cuts) = mpsc::channel::<CutRequest>(1);
+        let mut task = fold_task(tokio::spawn(async { Ok(()) }), &stop, &stop_delivery, cuts);
+        let FromFold::Ended(Err(e)) = task.next().await else {
+            panic!("ended cleanly")
+        };
+        assert_eq!(e.kind(), ErrorKind::Bug);
+        assert!(
+            matches!(task.next().await, FromFold::Ended(Ok(()))),
+            "joined once"
+        );
     }
 }

@@ -1,0 +1,274 @@
+//! The run loop of a session: one task that takes polls, hands their rows
+//! to the shard writers without waiting, resolves their durability in poll
+//! order, commits, and serves the fold task's freeze cuts between polls,
+//! so a cut never splits a poll. Its parts are in the files beside this.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rdkafka::consumer::CommitMode;
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::acks::{AckQueue, Durable};
+use super::breaker::Breaker;
+use super::end::EndWatch;
+use super::open::{self, Writers};
+use super::role::FoldRole;
+use super::schemas::SchemaHolds;
+use super::{RunOptions, RunSummary};
+use crate::config::Config;
+use crate::decode::RecordDecoder;
+use crate::error::Result;
+use crate::failpoints;
+use crate::fold::{CutRequest, FoldTask, FreezeCut, FromFold};
+use crate::graph::Graph;
+use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent};
+use crate::kafka::stall::{self, StallWatch};
+use crate::kafka::{DeadLetters, OffsetQueries};
+use crate::metrics::Metrics;
+use crate::offsets::{TopicPartition, WrittenSpans};
+use crate::registry::Registry;
+use crate::shards::ShardPool;
+
+pub(super) struct RunLoop<'a> {
+    pub(super) config: &'a Config,
+    pub(super) exit_at_end: bool,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) shutdown: CancellationToken,
+    /// Taking and decoding: a decoder per topic, the partitions held for a
+    /// schema, the reject-rate breaker.
+    pub(super) decoders: HashMap<String, RecordDecoder>,
+    pub(super) schemas: SchemaHolds,
+    pub(super) breaker: Breaker,
+    /// Writing and acking.
+    pub(super) pool: ShardPool,
+    pub(super) dead_letters: DeadLetters,
+    pub(super) acks: AckQueue,
+    pub(super) assigned: BTreeSet<TopicPartition>,
+    /// Under partition sharding: which tables each topic feeds, and
+    /// whether this member folds.
+    pub(super) role: Option<FoldRole>,
+    /// What the next freeze cut hands the fold task.
+    pub(super) since_cut: SinceCut,
+    /// Folds early once `since_cut` passes `fold.max_pending_*`.
+    pub(super) wake: Arc<Notify>,
+    /// The loop's two watches (`end.rs`, `stall.rs`) and the offset
+    /// queries they ask.
+    pub(super) queries: OffsetQueries,
+    pub(super) end: EndWatch,
+    pub(super) stall: StallWatch,
+    pub(super) summary: RunSummary,
+}
+
+/// What was written since the last freeze cut.
+#[derive(Default)]
+pub(super) struct SinceCut {
+    pub(super) spans: WrittenSpans,
+    /// When the oldest record since the cut was taken (graph-visible latency).
+    pub(super) oldest_taken: Option<Instant>,
+    pub(super) rows: u64,
+    pub(super) bytes: u64,
+}
+
+impl<'a> RunLoop<'a> {
+    /// The run loop over `writers`; the consumer is not subscribed yet
+    /// (`committable` is what its revoke callback will commit).
+    pub(super) fn new(
+        config: &'a Config,
+        options: &RunOptions,
+        metrics: &Arc<Metrics>,
+        shutdown: &CancellationToken,
+        graph: &Graph,
+        writers: Writers,
+        dead_letters: DeadLetters,
+    ) -> Result<RunLoop<'a>> {
+        let registry = config
+            .mappings
+            .iter()
+            .any(|m| m.format.uses_registry())
+            .then(|| Registry::new(&config.schema_registry))
+            .transpose()?
+            .map(|r| r.metered(metrics.clone()));
+        let stall_bound = config.offsets.stall_timeout.unwrap_or_else(|| {
+            stall::bound_for(config.kafka.get("session.timeout.ms").map(String::as_str))
+        });
+        Ok(RunLoop {
+            config,
+            exit_at_end: options.exit_at_end,
+            metrics: metrics.clone(),
+            shutdown: shutdown.clone(),
+            decoders: open::decoders(config, graph)?,
+            schemas: SchemaHolds::new(registry, config),
+            breaker: Breaker::default(),
+            pool: writers.pool,
+            dead_letters,
+            acks: AckQueue::new(Committable::default()),
+            assigned: BTreeSet::new(),
+            role: writers.role,
+            since_cut: SinceCut::default(),
+            wake: options.fold_now.clone().unwrap_or_default(),
+            // End offsets (exit_at_end) and the group's progress (the stall watch).
+            queries: OffsetQueries::connect(config)?,
+            end: EndWatch::default(),
+            stall: StallWatch::new(stall_bound, tokio::time::Instant::now()),
+            summary: RunSummary::default(),
+        })
+    }
+
+    /// Serves until shutdown, the end (`--exit-at-end`) or a failure.
+    /// Priority: shutdown, then control (fold task, rebalance, schemas,
+    /// acks), then data, then timers.
+    pub(super) async fn serve(
+        &mut self,
+        kafka: &GroupConsumer,
+        mut events: mpsc::UnboundedReceiver<GroupEvent>,
+        fold: &mut FoldTask,
+    ) -> Result<()> {
+        let mut commit_tick = tokio::time::interval(self.config.offsets.commit_interval);
+        commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut end_check = tokio::time::interval(Duration::from_millis(200));
+        let mut stall_check = tokio::time::interval(Duration::from_secs(1));
+        stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let max_in_flight = self.config.wal.max_in_flight_polls;
+        let mut full_since: Option<Instant> = None;
+        let mut stream = kafka.stream();
+        let shutdown = self.shutdown.clone();
+        loop {
+            self.metrics.run_loop_tick();
+            let fetching = self.acks.len() < max_in_flight && self.breaker.paused_until().is_none();
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                asked = fold.next() => match asked {
+                    FromFold::Cut(req) => {
+                        let t = Instant::now();
+                        self.cut(req).await;
+                        self.metrics.cut_served(t.elapsed());
+                    }
+                    FromFold::Ended(result) => return result,
+                },
+                Some(ev) = events.recv() => self.on_group_event(ev).await?,
+                Some(ev) = self.schemas.events.recv() => {
+                    self.schemas.on_event(kafka, &mut self.decoders, &self.metrics, ev)?;
+                }
+                Some(durable) = self.acks.next(), if !self.acks.is_empty() => {
+                    if let Some(t) = full_since.take() {
+                        self.metrics.window_was_full(t.elapsed());
+                    }
+                    self.on_durable(durable?)?;
+                }
+                _ = sleep_until(self.breaker.paused_until()), if self.breaker.paused_until().is_some() => {
+                    tracing::warn!(event = "breaker_closed", "reject-rate breaker: resuming fetches");
+                    self.breaker.resume();
+                    self.metrics.breaker(false);
+                }
+                Some(msg) = stream.next(), if fetching => match msg {
+                    Ok(first) => {
+                        let taken = Instant::now();
+                        self.end.polled();
+                        let durability = self.process_poll(kafka, &mut stream, first, taken).await?;
+                        self.acks.push(taken, durability);
+                        self.metrics.polls_in_flight(self.acks.len());
+                        if self.acks.len() >= max_in_flight {
+                            full_since = Some(Instant::now());
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "consumer error; librdkafka retries");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+                _ = commit_tick.tick() => {
+                    self.commit(kafka, CommitMode::Async)?;
+                    sample_writers(&self.pool, &self.metrics).await;
+                }
+                _ = stall_check.tick(), if self.assigned.is_empty() => self.watch_stall(kafka).await?,
+                _ = end_check.tick(), if self.exit_at_end => {
+                    if self.at_end().await? {
+                        tracing::info!("all assigned partitions are durable up to their end offsets");
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// A poll became durable (and every poll before it): its partitions'
+    /// watermarks advance and become committable.
+    pub(super) fn on_durable(&mut self, durable: Durable) -> Result<()> {
+        self.on_moved(durable.moved)?;
+        self.metrics
+            .acked(durable.taken.elapsed(), durable.ack.records);
+        self.metrics.polls_in_flight(self.acks.len());
+        for (tp, next) in self.acks.apply(durable.ack, &self.assigned) {
+            self.metrics.durable(&tp, next);
+        }
+        Ok(())
+    }
+
+    /// Commits every durable watermark of the assigned partitions that
+    /// moved past its last commit.
+    pub(super) fn commit(&mut self, kafka: &GroupConsumer, mode: CommitMode) -> Result<()> {
+        let todo = self.acks.uncommitted(&self.assigned);
+        if todo.is_empty() {
+            return Ok(());
+        }
+        failpoints::hit(failpoints::COMMIT_BEFORE)?;
+        match consumer::commit(kafka, &todo, mode) {
+            Ok(()) => {
+                self.acks.committed(&todo);
+                self.metrics.committed(&todo);
+                failpoints::hit(failpoints::COMMIT_AFTER)
+            }
+            Err(e) if matches!(mode, CommitMode::Async) => {
+                tracing::warn!(error = %e, "async commit failed; retrying next tick");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Freezes every memtable between polls and hands the cut to the fold.
+    /// A cut that fails keeps its offsets (the fold task fails with it).
+    pub(super) async fn cut(&mut self, req: CutRequest) {
+        let since = std::mem::take(&mut self.since_cut);
+        let result = match self.pool.freeze_all().await {
+            Ok(frozen) => Ok(FreezeCut {
+                frozen,
+                spans: since.spans,
+                oldest_taken: since.oldest_taken,
+            }),
+            Err(e) => {
+                self.since_cut.spans = since.spans;
+                self.since_cut.oldest_taken = since.oldest_taken;
+                Err(e)
+            }
+        };
+        let _ = req.send(result);
+    }
+
+    /// Records taken by this session so far.
+    pub(super) fn records(&self) -> u64 {
+        self.summary.records
+    }
+}
+
+/// Memtable rows and bytes and flush counts of every writer. A free
+/// function: the run loop itself is not `Sync`, so `&RunLoop` cannot be
+/// held across an await.
+async fn sample_writers(pool: &ShardPool, metrics: &Metrics) {
+    for m in pool.memtables().await {
+        metrics.memtable(&m.table, m.bucket, m.rows, m.bytes, m.flushes);
+    }
+}
+
+/// Sleeps until `t`, or forever when there is none.
+async fn sleep_until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
