@@ -11,7 +11,7 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use arrow_schema::{DataType, Schema};
+use arrow_schema::Schema;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::rejects::RejectCode;
@@ -283,7 +283,7 @@ impl<'de> Visitor<'de> for Value<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_schema::Field;
+    use arrow_schema::{DataType, Field};
     use std::sync::Arc;
 
     fn schema() -> Schema {
