@@ -105,8 +105,9 @@ pub(super) enum Fit {
     Fits,
     /// arrow-json would take it, but not as written (a numeric string
     /// parsed, a fraction truncated, a number read as days, an integer
-    /// past 2^53 rounded, an F32 overflow read as infinity). Only under
-    /// `coerce = "strict"`, where it is refused.
+    /// past 2^53 rounded, an F32 overflow read as infinity), and any
+    /// string where a number is wanted. Only under `coerce = "strict"`,
+    /// where it is refused.
     Coerced(Misfit),
     /// arrow-json refuses it.
     Refused(Misfit),

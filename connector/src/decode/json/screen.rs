@@ -191,9 +191,9 @@ impl Value<'_> {
     fn report<E>(&self, fit: Fit) -> Result<(), E> {
         match fit {
             Fit::Coerced(m) => self.keep(m),
-            // A scalar for a list, refused here as it always was; an
-            // integer out of range is left to arrow-json, and `classify`
-            // names it.
+            // A scalar for a list is refused here too; what else arrow-json
+            // refuses (an integer out of range, say) is left to it, and
+            // `classify` names it.
             Fit::Refused(m) if matches!(self.want, Want::List(_)) => self.keep(m),
             Fit::Refused(_) | Fit::Fits => Ok(()),
         }
