@@ -31,7 +31,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("fold", 5),
     ("retention", 5),
     ("pipeline", 6),
-    ("query", 6),
+    ("commands", 6),
     ("cli", 7),
     ("testing", 8),
     ("layers", 8),

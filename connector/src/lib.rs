@@ -3,13 +3,14 @@
 //! Data flows one way: `kafka::consumer` → `decode` → `validate` →
 //! `shards` (WAL) → `offsets` → commits to Kafka; `fold` reads flushed WAL
 //! generations and writes graph commits through `graph`. `run` is the whole
-//! connector; `query` holds what the CLI's commands do, and `cli` parses
+//! connector; `commands` holds what the CLI's commands do, and `cli` parses
 //! and prints. docs/ARCHITECTURE.md maps every module.
 //!
 //! Every module is private; what a user (or the binary) needs is re-exported
 //! here. graphsink's own tests and bench reach internals through `testing`.
 
 mod cli;
+mod commands;
 mod config;
 mod decode;
 mod error;
@@ -24,7 +25,6 @@ mod layers;
 mod metrics;
 mod offsets;
 mod pipeline;
-mod query;
 mod redact;
 mod registry;
 mod rejects;
@@ -39,6 +39,20 @@ mod validate;
 
 /// The `graphsink` command line (the binary is this one call).
 pub use cli::main as cli_main;
+/// What the CLI's commands do, as library calls.
+pub use commands::produce::produce_file;
+pub use commands::rejects::{
+    replay as replay_rejects, select as select_rejects, select_replay, RejectFilter,
+    ReplaySelection,
+};
+pub use commands::status::{
+    graph_status, kafka_status, GraphStatus, KafkaStatus, LastFold, PartitionStatus, PendingStatus,
+    ShardState,
+};
+pub use commands::{
+    check, commits, fold_offline, gc, migrate, snapshot, CheckSummary, MigrateReport, Snapshot,
+    TableRows,
+};
 pub use config::{
     Coerce, Config, DeletePolicy, EndpointPolicy, ErrorSettings, Evolve, FoldSettings,
     GraphSettings, HttpSettings, KeyOrigin, KeySource, LogFormat, LogSettings, Mapping,
@@ -58,20 +72,6 @@ pub use metrics::{
     CONTENT_TYPE as METRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE as METRICS_TEXT_CONTENT_TYPE,
 };
 pub use pipeline::{run, run_with, RunOptions, RunSummary};
-/// What the CLI's commands do, as library calls.
-pub use query::produce::produce_file;
-pub use query::rejects::{
-    replay as replay_rejects, select as select_rejects, select_replay, RejectFilter,
-    ReplaySelection,
-};
-pub use query::status::{
-    graph_status, kafka_status, GraphStatus, KafkaStatus, LastFold, PartitionStatus, PendingStatus,
-    ShardState,
-};
-pub use query::{
-    check, commits, fold_offline, gc, migrate, snapshot, CheckSummary, MigrateReport, Snapshot,
-    TableRows,
-};
 pub use rejects::{Reject, RejectCode, Stage};
 /// What retention removed, and storage per table.
 pub use retention::{GcReport, Removed, TableGc, TableStorage};

@@ -1,7 +1,7 @@
 //! Argument types and parsers of the CLI that clap cannot derive alone:
 //! the reject filter and its `--stage` and `--since` values.
 
-use crate::query::rejects::RejectFilter;
+use crate::commands::rejects::RejectFilter;
 use crate::rejects::Stage;
 use crate::types::now_ms;
 

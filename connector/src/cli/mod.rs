@@ -1,6 +1,6 @@
 //! The command line: `check`, `run`, `fold`, `log`, `show`, `status`,
 //! `gc`, `rejects`, `replay-rejects`, `produce`. It parses arguments and prints;
-//! the work is done by library functions (`query`, `pipeline`). Every error
+//! the work is done by library functions (`commands`, `pipeline`). Every error
 //! ends as one readable line and a non-zero exit.
 
 mod args;
@@ -13,9 +13,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::commands;
 use crate::config::{Config, LogFormat};
 use crate::error::Result;
-use crate::query;
 use crate::redact;
 use args::RejectFilterArgs;
 
@@ -245,7 +245,7 @@ impl Command {
 async fn dispatch(cmd: Command) -> Result<()> {
     match cmd {
         Command::Check { config } => {
-            print::check(&query::check(&Config::load(&config)?).await?);
+            print::check(&commands::check(&Config::load(&config)?).await?);
             Ok(())
         }
         Command::Run {
@@ -256,9 +256,9 @@ async fn dispatch(cmd: Command) -> Result<()> {
         Command::Fold { config, force } => {
             let config = Config::load(&config)?;
             if !force {
-                query::refuse_if_members(&config).await?;
+                commands::refuse_if_members(&config).await?;
             }
-            print::folded(query::fold_offline(&config).await?.as_ref());
+            print::folded(commands::fold_offline(&config).await?.as_ref());
             Ok(())
         }
         Command::Migrate {
@@ -268,25 +268,25 @@ async fn dispatch(cmd: Command) -> Result<()> {
         } => {
             let config = Config::load(&config)?;
             if !force && !dry_run {
-                query::refuse_if_members(&config).await?;
+                commands::refuse_if_members(&config).await?;
             }
-            print::migrated(&query::migrate(&config, dry_run).await?, dry_run);
+            print::migrated(&commands::migrate(&config, dry_run).await?, dry_run);
             Ok(())
         }
         Command::Log { config, limit } => {
-            for c in query::commits(&Config::load(&config)?, limit).await? {
+            for c in commands::commits(&Config::load(&config)?, limit).await? {
                 print::commit(&c);
             }
             Ok(())
         }
         Command::Show { config, commit } => {
             let config = Config::load(&config)?;
-            print::snapshot(&query::snapshot(&config, commit.as_deref()).await?);
+            print::snapshot(&commands::snapshot(&config, commit.as_deref()).await?);
             Ok(())
         }
         Command::Status { config, json } => status(&Config::load(&config)?, json).await,
         Command::Gc { config, dry_run } => {
-            print::gc(&query::gc(&Config::load(&config)?, dry_run).await?);
+            print::gc(&commands::gc(&Config::load(&config)?, dry_run).await?);
             Ok(())
         }
         Command::Rejects {
@@ -295,7 +295,8 @@ async fn dispatch(cmd: Command) -> Result<()> {
             limit,
             json,
         } => {
-            let selected = query::rejects::select(&Config::load(&config)?, &filter.into()).await?;
+            let selected =
+                commands::rejects::select(&Config::load(&config)?, &filter.into()).await?;
             print::rejects(&selected, limit, json);
             Ok(())
         }
@@ -313,7 +314,7 @@ async fn dispatch(cmd: Command) -> Result<()> {
             partitions,
         } => {
             let config = Config::load(&config)?;
-            let sent = query::produce::produce_file(&config, &topic, &file, partitions).await?;
+            let sent = commands::produce::produce_file(&config, &topic, &file, partitions).await?;
             println!("produced {sent} records to {topic}");
             Ok(())
         }
@@ -323,11 +324,11 @@ async fn dispatch(cmd: Command) -> Result<()> {
 /// The graph part prints before Kafka is asked, so a broker that is down
 /// still leaves the graph's status on screen.
 async fn status(config: &Config, json: bool) -> Result<()> {
-    let graph = query::status::graph_status(config).await?;
+    let graph = commands::status::graph_status(config).await?;
     if !json {
         print::graph_status(&graph);
     }
-    let kafka = query::status::kafka_status(config).await;
+    let kafka = commands::status::kafka_status(config).await;
     if json {
         print::status_json(&graph, &kafka);
     } else if let Ok(k) = &kafka {
@@ -343,7 +344,7 @@ async fn replay_rejects(
     limit: Option<usize>,
     dry_run: bool,
 ) -> Result<()> {
-    let selection = query::rejects::select_replay(config, &filter.into(), limit).await?;
+    let selection = commands::rejects::select_replay(config, &filter.into(), limit).await?;
     let (n, skipped) = (selection.replay.len(), selection.skipped);
     if dry_run {
         for r in &selection.replay {
@@ -355,7 +356,7 @@ async fn replay_rejects(
         );
         return Ok(());
     }
-    query::rejects::replay(config, to, &selection.replay).await?;
+    commands::rejects::replay(config, to, &selection.replay).await?;
     println!(
         "replayed {} to {to} (skipped {skipped})",
         print::rejects_n(n)

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::commands::status::{GraphStatus, KafkaStatus};
+use crate::commands::{CheckSummary, GcReport, MigrateReport, Snapshot, TableGc};
 use crate::error::Result;
 use crate::graph::GraphCommit;
 use crate::kafka::queries::GroupMember;
-use crate::query::status::{GraphStatus, KafkaStatus};
-use crate::query::{CheckSummary, GcReport, MigrateReport, Snapshot, TableGc};
 use crate::rejects::Reject;
 use crate::types::TopicPartition;
 

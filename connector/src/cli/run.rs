@@ -7,15 +7,15 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::commands;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::pipeline::{run_with, RunOptions};
-use crate::query;
 
 pub(super) async fn run(path: &Path, exit_at_end: bool, http: Option<SocketAddr>) -> Result<()> {
     let config = Config::load(path)?;
-    super::print::check(&query::check(&config).await?);
+    super::print::check(&commands::check(&config).await?);
     let shutdown = CancellationToken::new();
     let fold_now = Arc::new(tokio::sync::Notify::new());
     spawn_signal_handlers(shutdown.clone(), fold_now.clone())?;

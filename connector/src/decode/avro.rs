@@ -415,17 +415,7 @@ pub(super) fn reader_for(
     unknown_reject: bool,
 ) -> std::result::Result<String, (RejectCode, String)> {
     let mismatch = |m: String| (RejectCode::SchemaMismatch, m);
-    let w: Value = serde_json::from_str(writer)
-        .map_err(|e| mismatch(format!("the writer schema is not JSON: {e}")))?;
-    let mut names = Named::default();
-    names.collect(&w, None);
-    if let Some(m) = endless_array(&w, &names, 0) {
-        return Err(mismatch(m));
-    }
-    let record = names.resolve(&w);
-    if record.get("type").and_then(Value::as_str) != Some("record") {
-        return Err(mismatch("the writer schema is not a record".into()));
-    }
+    let (names, record) = writer_record(writer).map_err(mismatch)?;
     let name = record
         .get("name")
         .and_then(Value::as_str)
@@ -441,27 +431,9 @@ pub(super) fn reader_for(
         .iter()
         .filter_map(|f| Some((f.get("name")?.as_str()?, &f["type"])))
         .collect();
-    let mut wanted: Vec<(String, DataType, bool, bool)> = values
-        .fields
-        .fields()
-        .iter()
-        .map(|f| {
-            (
-                f.name().clone(),
-                f.data_type().clone(),
-                f.is_nullable(),
-                false,
-            )
-        })
-        .collect();
-    wanted.extend(
-        values
-            .composite
-            .iter()
-            .map(|e| (e.field.clone(), DataType::Utf8, true, true)),
-    );
+    let wanted = wanted_fields(values);
     if unknown_reject {
-        let declared: HashSet<&str> = wanted.iter().map(|w| w.0.as_str()).collect();
+        let declared: HashSet<&str> = wanted.iter().map(|w| w.name.as_str()).collect();
         if let Some(extra) = by_name.keys().find(|k| !declared.contains(*k)) {
             return Err((
                 RejectCode::UnknownField,
@@ -471,37 +443,99 @@ pub(super) fn reader_for(
     }
     let mut emitted = HashSet::new();
     let mut fields = Vec::with_capacity(wanted.len());
-    for (fname, target, nullable, composite) in &wanted {
-        let wtype = by_name.get(fname.as_str()).map(|t| names.resolve(t));
-        let (wtype, wnull) = match wtype {
-            Some(t) => {
-                let (inner, n) = strip_null(&t);
-                (Some(names.resolve(&inner)), n)
-            }
-            None => (None, false),
-        };
-        let mut t = match (&wtype, composite) {
-            (Some(wt), true) => wt.clone(),
-            (None, true) => json!({"type": "array", "items": "string"}),
-            (Some(wt), false) => reader_type(target, Some(wt), &mut emitted)
-                .map_err(|m| mismatch(format!("field {fname}: {m}")))?,
-            (None, _) => reader_type(target, None, &mut emitted)
-                .map_err(|m| mismatch(format!("field {fname}: {m}")))?,
-        };
-        let mut field = Map::new();
-        field.insert("name".into(), json!(fname));
-        if *nullable || wnull || *composite {
-            t = json!(["null", t]);
-            field.insert("default".into(), Value::Null);
-        }
-        field.insert("type".into(), t);
-        fields.push(Value::Object(field));
+    for w in &wanted {
+        let field = reader_field(
+            w,
+            by_name.get(w.name.as_str()).copied(),
+            &names,
+            &mut emitted,
+        )
+        .map_err(|m| mismatch(format!("field {}: {m}", w.name)))?;
+        fields.push(field);
     }
     let mut reader = json!({"type": "record", "name": name, "fields": fields});
     if let Some(ns) = namespace {
         reader["namespace"] = ns;
     }
     Ok(reader.to_string())
+}
+
+/// The writer schema parsed, its named types collected, and its top-level
+/// record resolved; or why it cannot be read.
+fn writer_record(writer: &str) -> std::result::Result<(Named, Value), String> {
+    let w: Value =
+        serde_json::from_str(writer).map_err(|e| format!("the writer schema is not JSON: {e}"))?;
+    let mut names = Named::default();
+    names.collect(&w, None);
+    if let Some(m) = endless_array(&w, &names, 0) {
+        return Err(m);
+    }
+    let record = names.resolve(&w);
+    if record.get("type").and_then(Value::as_str) != Some("record") {
+        return Err("the writer schema is not a record".into());
+    }
+    Ok((names, record))
+}
+
+/// One field the reader schema has: a value field, or a composite
+/// endpoint's (read as the writer's array of parts).
+struct Wanted {
+    name: String,
+    target: DataType,
+    nullable: bool,
+    composite: bool,
+}
+
+/// The value schema's fields, then its composite endpoints.
+fn wanted_fields(values: &ValueSchema) -> Vec<Wanted> {
+    let mut wanted: Vec<Wanted> = values
+        .fields
+        .fields()
+        .iter()
+        .map(|f| Wanted {
+            name: f.name().clone(),
+            target: f.data_type().clone(),
+            nullable: f.is_nullable(),
+            composite: false,
+        })
+        .collect();
+    wanted.extend(values.composite.iter().map(|e| Wanted {
+        name: e.field.clone(),
+        target: DataType::Utf8,
+        nullable: true,
+        composite: true,
+    }));
+    wanted
+}
+
+/// The reader schema's field for `w`, given the writer's type of the same
+/// name (if the writer has it).
+fn reader_field(
+    w: &Wanted,
+    wtype: Option<&Value>,
+    names: &Named,
+    emitted: &mut HashSet<String>,
+) -> std::result::Result<Value, String> {
+    let (wtype, wnull) = match wtype.map(|t| names.resolve(t)) {
+        Some(t) => {
+            let (inner, n) = strip_null(&t);
+            (Some(names.resolve(&inner)), n)
+        }
+        None => (None, false),
+    };
+    let mut t = match (&wtype, w.composite) {
+        (Some(wt), true) => wt.clone(),
+        (None, true) => json!({"type": "array", "items": "string"}),
+        (wt, false) => reader_type(&w.target, wt.as_ref(), emitted)?,
+    };
+    let mut field = Map::new();
+    field.insert("name".into(), json!(w.name));
+    if w.nullable || wnull || w.composite {
+        t = json!(["null", t]);
+        field.insert("default".into(), Value::Null);
+    }
+    field.insert("type".into(), t);
+    Ok(Value::Object(field))
 }
 
 /// The Avro reader type of one property, in the writer's form where the
@@ -519,25 +553,13 @@ fn reader_type(
         Value::Object(o) => o.get("type").and_then(Value::as_str),
         _ => None,
     });
-    // The writer's own named or logical form, kept whole.
-    let mut keep_writer = || -> Value {
-        let w = writer.expect("checked").clone();
-        if let Some(name) = w.get("name").and_then(Value::as_str) {
-            let full = match w.get("namespace").and_then(Value::as_str) {
-                Some(ns) if !name.contains('.') => format!("{ns}.{name}"),
-                _ => name.to_string(),
-            };
-            if !emitted.insert(full.clone()) {
-                return json!(full);
-            }
-        }
-        w
-    };
+    // The writer's form, for the arms that keep it.
+    let mut kept = || keep_writer(writer.expect("checked"), emitted);
     Ok(match target {
         DataType::Utf8 | DataType::LargeUtf8 => match (wtype, logical) {
-            (Some("enum"), _) => keep_writer(),
-            (_, Some("uuid")) => keep_writer(),
-            (Some("bytes" | "fixed"), Some("decimal")) => keep_writer(),
+            (Some("enum"), _) => kept(),
+            (_, Some("uuid")) => kept(),
+            (Some("bytes" | "fixed"), Some("decimal")) => kept(),
             _ => json!("string"),
         },
         DataType::Boolean => json!("boolean"),
@@ -551,14 +573,14 @@ fn reader_type(
         }
         DataType::Float32 => json!("float"),
         DataType::Float64 => match logical {
-            Some("decimal") => keep_writer(),
+            Some("decimal") => kept(),
             _ => json!("double"),
         },
         DataType::Binary | DataType::LargeBinary => json!("bytes"),
         DataType::Date32 => json!({"type": "int", "logicalType": "date"}),
         // `.pg`'s DateTime is Arrow's Date64 (milliseconds since the epoch).
         DataType::Date64 => match logical {
-            Some(l) if l.contains("timestamp") => keep_writer(),
+            Some(l) if l.contains("timestamp") => kept(),
             _ => json!({"type": "long", "logicalType": "timestamp-millis"}),
         },
         DataType::Timestamp(unit, _) => match logical {
@@ -569,7 +591,7 @@ fn reader_type(
                 | "local-timestamp-millis"
                 | "local-timestamp-micros"
                 | "local-timestamp-nanos",
-            ) => keep_writer(),
+            ) => kept(),
             _ => json!({"type": "long", "logicalType": match unit {
                 TimeUnit::Second | TimeUnit::Millisecond => "timestamp-millis",
                 TimeUnit::Microsecond => "timestamp-micros",
@@ -577,17 +599,7 @@ fn reader_type(
             }}),
         },
         DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _) => {
-            let witems = writer.and_then(|w| w.get("items"));
-            let (witems, _) = match witems {
-                Some(i) => strip_null(i),
-                None => (Value::Null, false),
-            };
-            let items = reader_type(
-                item.data_type(),
-                (!witems.is_null()).then_some(&witems),
-                emitted,
-            )?;
-            json!({"type": "array", "items": items})
+            list_reader_type(item.data_type(), writer, emitted)?
         }
         other => {
             return Err(format!(
@@ -595,6 +607,38 @@ fn reader_type(
             ))
         }
     })
+}
+
+/// The writer's own named or logical form, kept whole; a named type the
+/// reader schema already defines is referred to by its full name.
+fn keep_writer(writer: &Value, emitted: &mut HashSet<String>) -> Value {
+    let w = writer.clone();
+    if let Some(name) = w.get("name").and_then(Value::as_str) {
+        let full = match w.get("namespace").and_then(Value::as_str) {
+            Some(ns) if !name.contains('.') => format!("{ns}.{name}"),
+            _ => name.to_string(),
+        };
+        if !emitted.insert(full.clone()) {
+            return json!(full);
+        }
+    }
+    w
+}
+
+/// The Avro reader type of a list property: an array of its item's reader
+/// type, in the writer's item form where it has one.
+fn list_reader_type(
+    item: &DataType,
+    writer: Option<&Value>,
+    emitted: &mut HashSet<String>,
+) -> std::result::Result<Value, String> {
+    let witems = writer.and_then(|w| w.get("items"));
+    let (witems, _) = match witems {
+        Some(i) => strip_null(i),
+        None => (Value::Null, false),
+    };
+    let items = reader_type(item, (!witems.is_null()).then_some(&witems), emitted)?;
+    Ok(json!({"type": "array", "items": items}))
 }
 
 /// A one-part key's writer schema as a record of one field named `field`,

@@ -2,19 +2,21 @@
 //! per value) refuses what arrow-json would take wrongly; arrow-json then
 //! decodes a whole batch at once, the fast path; `classify` re-reads a
 //! value arrow-json refused with serde_json to name the field and tell a
-//! type from an overflow.
+//! type from an overflow. Both ask `fit` whether a value fits its column
+//! type.
 //!
 //! Composite endpoints are JSON arrays, which arrow-json cannot read into
 //! a key: each value loses them before arrow-json and they come back as
 //! Utf8 columns of their canonical text (`ValueSchema::composite`).
 
+mod fit;
 mod screen;
 
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use arrow_json::reader::Decoder;
-use arrow_schema::{DataType, SchemaRef};
+use arrow_schema::SchemaRef;
 
 use crate::config::{Coerce, Mapping, UnknownFields};
 use crate::error::{Context, Error, Result};
@@ -25,6 +27,7 @@ use super::format::{ValueFormat, ValueSchema};
 use super::keys::scalar_text;
 use super::shape::Endpoint;
 use super::{bad, Fail, Step};
+use fit::Want;
 use screen::ValueScreen;
 
 pub(super) struct JsonFormat {
@@ -37,6 +40,10 @@ pub(super) struct JsonFormat {
     batch_size: usize,
     /// `unknown_fields = "reject"`.
     strict: bool,
+    /// `coerce = "strict"`: `classify` judges as the screen does.
+    strict_numbers: bool,
+    /// What each of `fields` takes, for `classify`.
+    wants: Vec<Want>,
     /// Checks each value before decoding: JSON syntax, and (`coerce =
     /// "strict"`) numbers arrow-json would coerce silently.
     screen: ValueScreen,
@@ -53,7 +60,14 @@ impl JsonFormat {
         values: ValueSchema,
         batch_size: usize,
     ) -> Result<JsonFormat> {
-        let screen = ValueScreen::new(&values.fields, mapping.coerce == Coerce::Strict);
+        let strict_numbers = mapping.coerce == Coerce::Strict;
+        let screen = ValueScreen::new(&values.fields, strict_numbers);
+        let wants = values
+            .fields
+            .fields()
+            .iter()
+            .map(|f| Want::of(f.data_type()))
+            .collect();
         // A spare row: a decoder at its batch size reads nothing more.
         let batch_size = batch_size + 1;
         let strict = mapping.unknown_fields == UnknownFields::Reject;
@@ -64,6 +78,8 @@ impl JsonFormat {
             composite: values.composite,
             batch_size,
             strict,
+            strict_numbers,
+            wants,
             screen,
             type_name: ty.name.clone(),
             key: ty.key.clone(),
@@ -188,7 +204,7 @@ impl ValueFormat for JsonFormat {
                 ));
             }
         }
-        for f in self.fields.fields() {
+        for (f, want) in self.fields.fields().iter().zip(&self.wants) {
             match obj.get(f.name()) {
                 None | Some(serde_json::Value::Null) if !f.is_nullable() => {
                     return Some(if self.key.contains(f.name()) {
@@ -205,7 +221,7 @@ impl ValueFormat for JsonFormat {
                 }
                 None | Some(serde_json::Value::Null) => {}
                 Some(v) => {
-                    if let Some((code, why)) = misfit(f.data_type(), v) {
+                    if let Some((code, why)) = fit::misfit(want, v, self.strict_numbers) {
                         return Some((code, format!("{}: {why}", f.name())));
                     }
                 }
@@ -247,60 +263,6 @@ fn composite_text(
         .map(scalar_text)
         .collect::<std::result::Result<_, String>>()?;
     Ok(serde_json::to_string(&parts).expect("strings"))
-}
-
-/// Why a JSON value does not fit a column type, if it does not.
-fn misfit(t: &DataType, v: &serde_json::Value) -> Option<(RejectCode, String)> {
-    use serde_json::Value as J;
-    let int_range = |lo: i128, hi: i128| -> Option<(RejectCode, String)> {
-        match v {
-            J::Number(n) => {
-                let exact = n.as_i64().map(i128::from).or(n.as_u64().map(i128::from));
-                match exact {
-                    Some(x) if x < lo || x > hi => {
-                        Some((RejectCode::Overflow, format!("{n} does not fit {t}")))
-                    }
-                    Some(_) => None,
-                    None => match n.as_f64() {
-                        Some(f) if f.fract() == 0.0 => {
-                            Some((RejectCode::Overflow, format!("{n} does not fit {t}")))
-                        }
-                        _ => Some((
-                            RejectCode::WrongType,
-                            format!("{n} is not an integer ({t})"),
-                        )),
-                    },
-                }
-            }
-            other => Some((RejectCode::WrongType, format!("expected {t}, got {other}"))),
-        }
-    };
-    match t {
-        DataType::Int32 => int_range(i32::MIN as i128, i32::MAX as i128),
-        DataType::Int64 => int_range(i64::MIN as i128, i64::MAX as i128),
-        DataType::UInt32 => int_range(0, u32::MAX as i128),
-        DataType::UInt64 => int_range(0, u64::MAX as i128),
-        DataType::Float32 | DataType::Float64 => {
-            (!v.is_number()).then(|| (RejectCode::WrongType, format!("expected a number, got {v}")))
-        }
-        DataType::Utf8 => {
-            (!v.is_string()).then(|| (RejectCode::WrongType, format!("expected a string, got {v}")))
-        }
-        DataType::Boolean => (!v.is_boolean()).then(|| {
-            (
-                RejectCode::WrongType,
-                format!("expected true or false, got {v}"),
-            )
-        }),
-        DataType::List(f) | DataType::FixedSizeList(f, _) => match v {
-            J::Array(items) => items.iter().find_map(|x| misfit(f.data_type(), x)),
-            other => Some((
-                RejectCode::WrongType,
-                format!("expected a list, got {other}"),
-            )),
-        },
-        _ => None,
-    }
 }
 
 fn parse_object(raw: &[u8]) -> Step<serde_json::Map<String, serde_json::Value>> {

@@ -626,55 +626,64 @@ fn column(vals: Vec<Option<Value>>, t: &DataType) -> std::result::Result<ArrayRe
             timestamp_ms,
             "a timestamp",
         )?))),
-        DataType::List(item) | DataType::FixedSizeList(item, _) => {
-            // A repeated field cannot tell absent from empty: for a
-            // Vector(n), empty reads as absent (null), not as a 0-vector.
-            let vals: Vec<Option<Value>> = if matches!(t, DataType::FixedSizeList(..)) {
-                vals.into_iter()
-                    .map(|v| v.filter(|x| !matches!(x, Value::List(items) if items.is_empty())))
-                    .collect()
-            } else {
-                vals
-            };
-            let mut offsets = vec![0i32];
-            let mut valid = Vec::with_capacity(n);
-            let mut flat = Vec::new();
-            for v in vals {
-                match v {
-                    None => valid.push(false),
-                    Some(Value::List(items)) => {
-                        flat.extend(items.into_iter().map(Some));
-                        valid.push(true);
-                    }
-                    Some(other) => return Err(format!("expected a repeated field, got {other:?}")),
-                }
-                offsets.push(i32::try_from(flat.len()).map_err(|_| "too many items")?);
-            }
-            let child = column(flat, item.data_type())?;
-            let field = Arc::new(Field::new("item", item.data_type().clone(), true));
-            let list: ArrayRef = Arc::new(
-                ListArray::try_new(
-                    field,
-                    OffsetBuffer::new(offsets.into()),
-                    child,
-                    Some(NullBuffer::from(valid)),
-                )
-                .map_err(|e| e.to_string())?,
-            );
-            if list.data_type() == t {
-                return Ok(list);
-            }
-            // A Vector(n): exactly n items, or the record fails.
-            let opts = CastOptions {
-                safe: false,
-                ..Default::default()
-            };
-            cast_with_options(&list, t, &opts).map_err(|e| e.to_string())
-        }
+        DataType::List(item) | DataType::FixedSizeList(item, _) => list_column(vals, t, item),
         other => Err(format!(
             "a property of Arrow type {other} has no Protobuf form yet"
         )),
     }
+}
+
+/// A repeated field's values as list column `t` of `item`s (a Vector(n) is
+/// a list cast to its fixed size).
+fn list_column(
+    vals: Vec<Option<Value>>,
+    t: &DataType,
+    item: &FieldRef,
+) -> std::result::Result<ArrayRef, String> {
+    let n = vals.len();
+    // A repeated field cannot tell absent from empty: for a
+    // Vector(n), empty reads as absent (null), not as a 0-vector.
+    let vals: Vec<Option<Value>> = if matches!(t, DataType::FixedSizeList(..)) {
+        vals.into_iter()
+            .map(|v| v.filter(|x| !matches!(x, Value::List(items) if items.is_empty())))
+            .collect()
+    } else {
+        vals
+    };
+    let mut offsets = vec![0i32];
+    let mut valid = Vec::with_capacity(n);
+    let mut flat = Vec::new();
+    for v in vals {
+        match v {
+            None => valid.push(false),
+            Some(Value::List(items)) => {
+                flat.extend(items.into_iter().map(Some));
+                valid.push(true);
+            }
+            Some(other) => return Err(format!("expected a repeated field, got {other:?}")),
+        }
+        offsets.push(i32::try_from(flat.len()).map_err(|_| "too many items")?);
+    }
+    let child = column(flat, item.data_type())?;
+    let field = Arc::new(Field::new("item", item.data_type().clone(), true));
+    let list: ArrayRef = Arc::new(
+        ListArray::try_new(
+            field,
+            OffsetBuffer::new(offsets.into()),
+            child,
+            Some(NullBuffer::from(valid)),
+        )
+        .map_err(|e| e.to_string())?,
+    );
+    if list.data_type() == t {
+        return Ok(list);
+    }
+    // A Vector(n): exactly n items, or the record fails.
+    let opts = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    cast_with_options(&list, t, &opts).map_err(|e| e.to_string())
 }
 
 /// A composite endpoint (a repeated field of the key's parts) as its

@@ -84,9 +84,8 @@ impl RecordDecoder {
                         continue;
                     }
                     if !looked {
-                        // A suspect is only decoded alone, not refused: the
-                        // pass errs towards suspicion (it reads `3.0` for an
-                        // integer as an overflow, which arrow-json takes).
+                        // A suspect is only decoded alone, not refused: a
+                        // value the pass faults that arrow-json takes is kept.
                         let (suspects, rest): (Vec<usize>, Vec<usize>) =
                             idx.iter().partition(|&&i| self.suspect(&records[i]));
                         if !suspects.is_empty() {

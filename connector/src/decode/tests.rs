@@ -275,8 +275,9 @@ fn one_bad_record_does_not_re_decode_the_poll_record_by_record() {
 }
 
 /// A reject storm (10 bad of 100, mixed codes) costs the failed batch,
-/// one decode of the rest and one per suspect; a record the one-by-one
-/// pass suspects but arrow-json takes (`3.0` for an integer) is kept.
+/// one decode of the rest and one per suspect; a record arrow-json takes
+/// (`3.0` for an integer, which the one-by-one pass does not suspect) is
+/// kept.
 #[test]
 fn a_reject_storm_costs_one_redecode_plus_one_per_bad_record() {
     let mut d = decoder("");

@@ -356,21 +356,8 @@ impl DeadLetters {
                             crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_PRODUCE,
                         )?;
                     }
-                    // The first round runs to its end (bounded by
-                    // message.timeout.ms), so a graceful stop still delivers
-                    // to a healthy topic; retries give way to `stop`.
-                    let failed = if std::mem::take(&mut first) {
-                        self.send_all(&self.producer, &todo).await
-                    } else {
-                        tokio::select! {
-                            failed = self.send_all(&self.producer, &todo) => failed,
-                            _ = stop.cancelled() => todo.iter().map(|&reject| Failed {
-                                reject,
-                                error: "stopped while producing".to_string(),
-                            }).collect(),
-                        }
-                    };
-                    (failed, true)
+                    let first = std::mem::take(&mut first);
+                    (self.produce_round(&todo, first, stop).await, true)
                 }
             };
             delivery.round(todo.len() - failed.len(), failed.len(), attempted);
@@ -395,6 +382,28 @@ impl DeadLetters {
             todo = failed.into_iter().map(|f| f.reject).collect();
         }
         Ok(())
+    }
+
+    /// One round's produce of `todo`; what comes back failed. The
+    /// first round runs to its end (bounded by message.timeout.ms), so a
+    /// graceful stop still delivers to a healthy topic; retries give way to
+    /// `stop`.
+    async fn produce_round<'r>(
+        &self,
+        todo: &[&'r Reject],
+        first: bool,
+        stop: &CancellationToken,
+    ) -> Vec<Failed<'r>> {
+        if first {
+            return self.send_all(&self.producer, todo).await;
+        }
+        tokio::select! {
+            failed = self.send_all(&self.producer, todo) => failed,
+            _ = stop.cancelled() => todo.iter().map(|&reject| Failed {
+                reject,
+                error: "stopped while producing".to_string(),
+            }).collect(),
+        }
     }
 
     /// Fold rejects, exactly once: each round inits the transactional

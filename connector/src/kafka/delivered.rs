@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -111,6 +111,9 @@ fn fail(what: String) -> impl FnOnce(KafkaError) -> Error {
     move |e| Error::Broker(format!("kafka: cannot {what}: {e}"))
 }
 
+/// The read, on a blocking thread: the ends and starts of each topic's
+/// partitions, then every message from the starts to the ends (and the
+/// tail).
 fn read_blocking(
     c: &BaseConsumer<QuietContext>,
     topics: &[String],
@@ -120,91 +123,132 @@ fn read_blocking(
     let mut found = Found::default();
     let mut tpl = TopicPartitionList::new();
     // The end each assigned partition is read up to.
-    let mut todo: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    let mut todo: Todo = BTreeMap::new();
     for t in topics {
-        let md = c
-            .fetch_metadata(Some(t), TIMEOUT)
-            .map_err(fail(format!("fetch metadata of dead-letter topic {t}")))?;
-        // A topic the reader's cluster does not know holds nothing it can
-        // skip: said as unbounded (partition -1), so a delivery warns.
-        let Some(mt) = md.topics().iter().find(|x| x.name() == t) else {
-            found.unbounded.push((t.clone(), -1));
-            continue;
-        };
-        match mt.error().map(RDKafkaErrorCode::from) {
-            None => {}
-            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => {
-                found.unbounded.push((t.clone(), -1));
-                continue;
-            }
-            Some(e) => {
-                return Err(Error::Broker(format!(
-                    "kafka: dead-letter topic {t}: metadata error {e}"
-                )))
-            }
-        }
-        for p in mt.partitions() {
-            let (low, high) = c
-                .fetch_watermarks(t, p.id(), TIMEOUT)
-                .map_err(fail(format!("fetch watermarks of {t}/{}", p.id())))?;
-            found
-                .ends
-                .entry(t.clone())
-                .or_default()
-                .insert(p.id(), high);
-            let Some(since) = since else { continue };
-            let Some(&bound) = since.get(t).and_then(|m| m.get(&p.id())) else {
-                found.unbounded.push((t.clone(), p.id()));
-                continue;
-            };
-            let from = if bound > high {
-                // Offsets only grow, unless the topic was deleted and made
-                // again: read what it holds.
-                tracing::warn!(topic = %t, partition = p.id(), bound, high, "dead-letter partition ends below the offset recorded for it (recreated?); reading it from its start");
-                low
-            } else {
-                bound.max(low)
-            };
-            if from < high {
-                tpl.add_partition_offset(t, p.id(), Offset::Offset(from))
-                    .map_err(fail(format!("assign {t}/{}", p.id())))?;
-                todo.insert((t.clone(), p.id()), high);
-            }
-        }
+        plan_topic(c, t, since, &mut found, &mut tpl, &mut todo)?;
     }
     if todo.is_empty() && since.is_none() {
         return Ok(found);
     }
     // Partitions already at their reported end are read too, for the tail.
     if let (Some(since), false) = (since, tail.is_zero()) {
-        for (t, parts) in &found.ends {
-            for (&p, &high) in parts {
-                if !todo.contains_key(&(t.clone(), p))
-                    && since.get(t).and_then(|m| m.get(&p)).is_some()
-                {
-                    let from = since[t][&p].min(high).max(0);
-                    tpl.add_partition_offset(t, p, Offset::Offset(from))
-                        .map_err(fail(format!("assign {t}/{p}")))?;
-                }
-            }
-        }
+        assign_for_tail(&found, since, &todo, &mut tpl)?;
     }
     if tpl.count() == 0 {
         return Ok(found);
     }
     c.assign(&tpl)
         .map_err(fail("assign dead-letter partitions".into()))?;
+    let outcome = drain(c, found, todo, tail);
+    let _ = c.unassign();
+    outcome
+}
+
+/// The end each assigned partition is read up to, by (topic, partition).
+type Todo = BTreeMap<(String, i32), i64>;
+
+/// One topic's partitions: each one's end into `found`, and (with `since`)
+/// each with something to read into `tpl` and `todo`, from its start.
+fn plan_topic(
+    c: &BaseConsumer<QuietContext>,
+    t: &str,
+    since: Option<&PartitionOffsets>,
+    found: &mut Found,
+    tpl: &mut TopicPartitionList,
+    todo: &mut Todo,
+) -> Result<()> {
+    let md = c
+        .fetch_metadata(Some(t), TIMEOUT)
+        .map_err(fail(format!("fetch metadata of dead-letter topic {t}")))?;
+    // A topic the reader's cluster does not know holds nothing it can
+    // skip: said as unbounded (partition -1), so a delivery warns.
+    let Some(mt) = md.topics().iter().find(|x| x.name() == t) else {
+        found.unbounded.push((t.to_string(), -1));
+        return Ok(());
+    };
+    match mt.error().map(RDKafkaErrorCode::from) {
+        None => {}
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => {
+            found.unbounded.push((t.to_string(), -1));
+            return Ok(());
+        }
+        Some(e) => {
+            return Err(Error::Broker(format!(
+                "kafka: dead-letter topic {t}: metadata error {e}"
+            )))
+        }
+    }
+    for p in mt.partitions() {
+        let (low, high) = c
+            .fetch_watermarks(t, p.id(), TIMEOUT)
+            .map_err(fail(format!("fetch watermarks of {t}/{}", p.id())))?;
+        found
+            .ends
+            .entry(t.to_string())
+            .or_default()
+            .insert(p.id(), high);
+        let Some(since) = since else { continue };
+        let Some(&bound) = since.get(t).and_then(|m| m.get(&p.id())) else {
+            found.unbounded.push((t.to_string(), p.id()));
+            continue;
+        };
+        let from = if bound > high {
+            // Offsets only grow, unless the topic was deleted and made
+            // again: read what it holds.
+            tracing::warn!(topic = %t, partition = p.id(), bound, high, "dead-letter partition ends below the offset recorded for it (recreated?); reading it from its start");
+            low
+        } else {
+            bound.max(low)
+        };
+        if from < high {
+            tpl.add_partition_offset(t, p.id(), Offset::Offset(from))
+                .map_err(fail(format!("assign {t}/{}", p.id())))?;
+            todo.insert((t.to_string(), p.id()), high);
+        }
+    }
+    Ok(())
+}
+
+/// Assigns the partitions `since` names that are already at their
+/// reported end, so the tail hears what lies past it.
+fn assign_for_tail(
+    found: &Found,
+    since: &PartitionOffsets,
+    todo: &Todo,
+    tpl: &mut TopicPartitionList,
+) -> Result<()> {
+    for (t, parts) in &found.ends {
+        for (&p, &high) in parts {
+            if !todo.contains_key(&(t.clone(), p)) && since.get(t).and_then(|m| m.get(&p)).is_some()
+            {
+                let from = since[t][&p].min(high).max(0);
+                tpl.add_partition_offset(t, p, Offset::Offset(from))
+                    .map_err(fail(format!("assign {t}/{p}")))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Polls the assigned partitions until each is read to its end and the
+/// tail has passed, noting each message's reject id.
+fn drain(
+    c: &BaseConsumer<QuietContext>,
+    mut found: Found,
+    mut todo: Todo,
+    tail: Duration,
+) -> Result<Found> {
     let mut last_message = Instant::now();
     let mut tail_from: Option<Instant> = None;
-    let outcome = loop {
+    loop {
         if todo.is_empty() {
             let since = *tail_from.get_or_insert_with(Instant::now);
             if since.elapsed() >= tail {
-                break Ok(found);
+                return Ok(found);
             }
         }
         if last_message.elapsed() > READ_STALL {
-            break Err(Error::Broker(format!(
+            return Err(Error::Broker(format!(
                 "reading the dead-letter topics: nothing received for {READ_STALL:?}; {} partitions unread",
                 todo.len()
             )));
@@ -212,27 +256,7 @@ fn read_blocking(
         match c.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 last_message = Instant::now();
-                if let Some(hs) = m.headers() {
-                    for h in hs.iter().filter(|h| h.key == GS_REJECT_ID) {
-                        if let Some(v) = h.value {
-                            found
-                                .reject_ids
-                                .insert(String::from_utf8_lossy(v).into_owned());
-                        }
-                    }
-                }
-                let tp = (m.topic().to_string(), m.partition());
-                if todo.get(&tp).is_some_and(|&end| m.offset() + 1 >= end) {
-                    todo.remove(&tp);
-                }
-                // Past the reported end: the true end is further.
-                let end = found
-                    .ends
-                    .entry(tp.0.clone())
-                    .or_default()
-                    .entry(tp.1)
-                    .or_insert(0);
-                *end = (*end).max(m.offset() + 1);
+                note_message(&m, &mut found, &mut todo);
             }
             // At a partition's end, or idle: positions tell which are done
             // (a gap of control records or compaction never yields its
@@ -249,9 +273,33 @@ fn read_blocking(
                     }
                 }
             }
-            Some(Err(e)) => break Err(fail("read the dead-letter topics".into())(e)),
+            Some(Err(e)) => return Err(fail("read the dead-letter topics".into())(e)),
         }
-    };
-    let _ = c.unassign();
-    outcome
+    }
+}
+
+/// One message read: its reject id, its partition done if it is the last
+/// before the end, and the end moved past it.
+fn note_message(m: &BorrowedMessage<'_>, found: &mut Found, todo: &mut Todo) {
+    if let Some(hs) = m.headers() {
+        for h in hs.iter().filter(|h| h.key == GS_REJECT_ID) {
+            if let Some(v) = h.value {
+                found
+                    .reject_ids
+                    .insert(String::from_utf8_lossy(v).into_owned());
+            }
+        }
+    }
+    let tp = (m.topic().to_string(), m.partition());
+    if todo.get(&tp).is_some_and(|&end| m.offset() + 1 >= end) {
+        todo.remove(&tp);
+    }
+    // Past the reported end: the true end is further.
+    let end = found
+        .ends
+        .entry(tp.0.clone())
+        .or_default()
+        .entry(tp.1)
+        .or_insert(0);
+    *end = (*end).max(m.offset() + 1);
 }

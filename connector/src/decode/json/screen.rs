@@ -11,46 +11,12 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use arrow_schema::{DataType, Schema};
+use arrow_schema::Schema;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::rejects::RejectCode;
 
-/// What a numeric property accepts.
-#[derive(Debug, Clone, PartialEq)]
-enum Want {
-    /// An integral JSON number (`3` or `3.0`; never `3.5` or `"3"`).
-    Int,
-    /// Any JSON number; `f32_range` also refuses one beyond ±f32::MAX.
-    Float { f32_range: bool },
-    /// A JSON array of such values.
-    List(Box<Want>),
-    /// A date or time: a string (arrow-json would also read a number as
-    /// days or epoch units, silently).
-    Temporal,
-}
-
-impl Want {
-    fn of(t: &DataType) -> Option<Want> {
-        match t {
-            DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64 => Some(Want::Int),
-            DataType::Float16 | DataType::Float32 => Some(Want::Float { f32_range: true }),
-            DataType::Float64 => Some(Want::Float { f32_range: false }),
-            DataType::Date32 | DataType::Date64 | DataType::Timestamp(..) => Some(Want::Temporal),
-            DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
-                Want::of(f.data_type()).map(|w| Want::List(Box::new(w)))
-            }
-            _ => None,
-        }
-    }
-}
+use super::fit::{judge, Fit, Misfit, Seen, Want};
 
 /// The numeric (and temporal) top-level fields of a value schema, checked
 /// only under strict coercion.
@@ -58,19 +24,6 @@ impl Want {
 pub(super) struct ValueScreen {
     fields: Vec<(String, Want)>,
 }
-
-/// How serde read a number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Read {
-    Integer,
-    Float,
-}
-
-/// The largest magnitude below which every integer is an exact f64.
-const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
-
-/// Why a value's number does not fit its property.
-pub(super) type Misfit = (RejectCode, String);
 
 impl ValueScreen {
     /// With `strict_numbers`, the number rules apply to `schema`'s fields;
@@ -80,7 +33,8 @@ impl ValueScreen {
             .fields()
             .iter()
             .filter(|_| strict_numbers)
-            .filter_map(|f| Want::of(f.data_type()).map(|w| (f.name().clone(), w)))
+            .map(|f| (f.name().clone(), Want::of(f.data_type())))
+            .filter(|(_, w)| w.screened())
             .collect();
         ValueScreen { fields }
     }
@@ -232,41 +186,33 @@ struct Value<'a> {
 }
 
 impl Value<'_> {
-    /// Keeps the first misfit; the scan reads on to the end of the value.
-    fn misfit<E>(&self, code: RejectCode, why: String) -> Result<(), E> {
+    /// Keeps the first misfit the screen refuses; the scan reads on to
+    /// the end of the value.
+    fn report<E>(&self, fit: Fit) -> Result<(), E> {
+        match fit {
+            Fit::Coerced(m) => self.keep(m),
+            // A scalar for a list is refused here too; what else arrow-json
+            // refuses (an integer out of range, say) is left to it, and
+            // `classify` names it.
+            Fit::Refused(m) if matches!(self.want, Want::List(_)) => self.keep(m),
+            Fit::Refused(_) | Fit::Fits => Ok(()),
+        }
+    }
+
+    fn keep<E>(&self, (code, why): Misfit) -> Result<(), E> {
         self.found
             .borrow_mut()
             .get_or_insert_with(|| (code, format!("{}: {why}", self.field)));
         Ok(())
     }
 
-    fn number<E: de::Error>(&self, text: &dyn fmt::Display, f: f64, kind: Read) -> Result<(), E> {
-        match self.want {
-            Want::Temporal => self.misfit(
-                RejectCode::WrongType,
-                format!("expected a date or time string, got {text} (set coerce = \"lenient\" to read epoch numbers)"),
-            ),
-            Want::Int if f.fract() != 0.0 => self.misfit(
-                RejectCode::WrongType,
-                format!("{text} is not an integer (set coerce = \"lenient\" to truncate)"),
-            ),
-            // serde reads an integer as f64 only when it is written as one
-            // (`3.0`, `1e3`) or lies beyond 64 bits; past 2^53 it is not
-            // exact, and arrow-json would round it into range (2^63 + 1 as
-            // I64::MIN) silently.
-            Want::Int if kind == Read::Float && f.abs() > MAX_EXACT => self.misfit(
-                RejectCode::Overflow,
-                format!("{text} is beyond ±2^53 and not an exact integer (write it without a fraction or exponent, within the type)"),
-            ),
-            Want::Float { f32_range: true } if f.is_finite() && f.abs() > f32::MAX as f64 => {
-                self.misfit(RejectCode::Overflow, format!("{text} does not fit F32"))
-            }
-            Want::List(_) => self.misfit(
-                RejectCode::WrongType,
-                format!("expected a list, got {text}"),
-            ),
-            _ => Ok(()),
-        }
+    fn number<E: de::Error>(
+        &self,
+        shown: &dyn fmt::Display,
+        f: f64,
+        exact: Option<i128>,
+    ) -> Result<(), E> {
+        self.report(judge(self.want, Seen::Number { shown, f, exact }, true))
     }
 }
 
@@ -286,39 +232,24 @@ impl<'de> Visitor<'de> for Value<'_> {
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.number(&v, v as f64, Read::Integer)
+        self.number(&v, v as f64, Some(v.into()))
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.number(&v, v as f64, Read::Integer)
+        self.number(&v, v as f64, Some(v.into()))
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.number(&v, v, Read::Float)
+        self.number(&v, v, None)
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        // Only a refusal shows the string (a temporal one is the happy path).
-        let shown = || v.chars().take(40).collect::<String>();
-        match self.want {
-            Want::Temporal => Ok(()),
-            Want::List(_) => self.misfit(
-                RejectCode::WrongType,
-                format!("expected a list, got a string {:?}", shown()),
-            ),
-            _ => self.misfit(
-                RejectCode::WrongType,
-                format!(
-                    "expected a number, got the string {:?} (set coerce = \"lenient\" to parse numeric strings)",
-                    shown()
-                ),
-            ),
-        }
+        self.report(judge(self.want, Seen::Str(v), true))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let Want::List(item) = self.want else {
-            // Not a number: the decoder says wrong_type with its own text.
+            // Not a list: arrow-json refuses it, and `classify` names it.
             while seq.next_element::<Skip>()?.is_some() {}
             return Ok(());
         };
@@ -333,7 +264,8 @@ impl<'de> Visitor<'de> for Value<'_> {
         Ok(())
     }
 
-    // Anything else (null, booleans, objects) is the decoder's to judge.
+    // Anything else (null, booleans, objects) is arrow-json's to refuse,
+    // and `classify`'s to name.
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
         Ok(())
     }
@@ -351,7 +283,7 @@ impl<'de> Visitor<'de> for Value<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_schema::Field;
+    use arrow_schema::{DataType, Field};
     use std::sync::Arc;
 
     fn schema() -> Schema {

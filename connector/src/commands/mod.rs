@@ -1,6 +1,7 @@
 //! The operations behind the CLI's commands, as library functions that
-//! return plain structs: config check, commit log, snapshots, status,
-//! reject selection and replay, producing sample records. It parses no
+//! return plain structs: config check, the offline fold and migration,
+//! gc, commit log, snapshots, status, reject selection and replay,
+//! producing sample records. It parses no
 //! arguments and prints nothing (`cli` does).
 
 pub(crate) mod produce;
