@@ -1,7 +1,7 @@
 //! Measuring graphsink itself, in-process through `run_with`: throughput,
 //! durable-ack and graph-visible latency, fold cost, peak RSS. Owns the
 //! samplers (committed offsets, first fetch, published commits) and the
-//! arithmetic on them; the phases are driven from main.rs.
+//! arithmetic on them; the phases are driven from kafka/.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -307,13 +307,27 @@ pub(crate) fn graphsink_config(
     fold: &str,
 ) -> Result<graphsink::Config, BoxError> {
     std::fs::write(dir.join("bench.pg"), crate::workload::SCHEMA)?;
+    let text = config_text(t, root, group, buckets, fold);
+    // Kept beside the graph, so the fold can run in a child process from it.
+    std::fs::write(dir.join(format!("{group}.toml")), &text)?;
+    Ok(graphsink::Config::from_toml(&text, dir)?)
+}
+
+/// The config's TOML text.
+fn config_text(
+    t: &Target,
+    root: &crate::s3::Root,
+    group: &str,
+    buckets: u32,
+    fold: &str,
+) -> String {
     // Only the registry formats name theirs: a JSON run's config is the
     // one the bench always wrote.
     let format = match t.values.format {
         crate::formats::Format::Json => String::new(),
         f => format!("format = \"{}\"\n", f.config_name()),
     };
-    let text = format!(
+    format!(
         r#"
 [graph]
 root = "{root}"
@@ -355,35 +369,43 @@ coerce = "{coerce}"
         flush_ms = t.wal_flush.as_millis(),
         topic = t.topics.nodes,
         node = crate::workload::NODE,
-        // Edge ids are the Kafka key; endpoints that are not folded yet wait
-        // (the default `defer`), as in production.
-        edges = t.topics.edges.as_ref().map_or(String::new(), |e| format!(
-            "[[mapping]]\ntopic = \"{e}\"\nedge = \"{}\"\nkey = \"kafka\"\ncoerce = \"{}\"\n{format}",
-            crate::workload::EDGE,
-            t.coerce,
-        )),
+        edges = edge_mapping(t, &format),
         format = format,
-        registry = t.values.registry_url.as_ref().map_or(String::new(), |u| format!(
-            "[schema_registry]\nurl = \"{u}\"\n"
-        )),
+        registry = t
+            .values
+            .registry_url
+            .as_ref()
+            .map_or(String::new(), |u| format!(
+                "[schema_registry]\nurl = \"{u}\"\n"
+            )),
         coerce = t.coerce,
         wal_extra = t
             .wal_props
             .iter()
             .map(|(k, v)| format!("{k} = {v}\n"))
             .collect::<String>(),
-        dead_letter = t
-            .dead_letter_props
-            .iter()
-            .map(|(k, v)| format!("{k:?} = {v:?}\n"))
-            .collect::<String>(),
-        extra = t
-            .consumer_props
-            .iter()
-            .map(|(k, v)| format!("{k:?} = {v:?}\n"))
-            .collect::<String>(),
-    );
-    // Kept beside the graph, so the fold can run in a child process from it.
-    std::fs::write(dir.join(format!("{group}.toml")), &text)?;
-    Ok(graphsink::Config::from_toml(&text, dir)?)
+        dead_letter = quoted(&t.dead_letter_props),
+        extra = quoted(&t.consumer_props),
+    )
+}
+
+/// The edge topic's `[[mapping]]`, if there is one. Edge ids are the Kafka
+/// key; endpoints that are not folded yet wait (the default `defer`), as
+/// in production.
+fn edge_mapping(t: &Target, format: &str) -> String {
+    t.topics.edges.as_ref().map_or(String::new(), |e| {
+        format!(
+        "[[mapping]]\ntopic = \"{e}\"\nedge = \"{}\"\nkey = \"kafka\"\ncoerce = \"{}\"\n{format}",
+        crate::workload::EDGE,
+        t.coerce,
+    )
+    })
+}
+
+/// librdkafka properties as TOML lines, keys and values quoted.
+fn quoted(props: &[(String, String)]) -> String {
+    props
+        .iter()
+        .map(|(k, v)| format!("{k:?} = {v:?}\n"))
+        .collect::<String>()
 }

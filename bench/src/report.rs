@@ -172,21 +172,13 @@ impl Report {
             "{:<34} {:>14} {:>12} {:>14}",
             "", "records/s", "vs bare", "peak RSS"
         );
-        let row = |name: &str, r: f64, m: Option<f64>| {
-            let vs = if self.bare_records_per_s > 0.0 {
-                r / self.bare_records_per_s
-            } else {
-                f64::NAN
-            };
-            println!("{name:<34} {r:>14.0} {vs:>12.3} {:>14}", rss(m));
-        };
-        row(
+        self.row(
             "(a) bare rdkafka consume+commit",
             self.bare_records_per_s,
             self.bare_peak_rss_mib,
         );
         if self.direct_records_per_s > 0.0 {
-            row(
+            self.row(
                 "(b) direct load (Lance, no WAL)",
                 self.direct_records_per_s,
                 self.direct_peak_rss_mib,
@@ -197,11 +189,43 @@ impl Report {
                 "(b) direct load (Lance, no WAL)", "not run"
             );
         }
-        row(
+        self.row(
             "graphsink end to end (durable)",
             self.graphsink_records_per_s,
             self.graphsink_peak_rss_mib,
         );
+        self.print_graphsink_run();
+        self.row(
+            "graphsink, folding off",
+            self.graphsink_nofold_records_per_s,
+            self.graphsink_nofold_peak_rss_mib,
+        );
+        if !self.broker_cpu_cores.is_empty() {
+            let phases: Vec<String> = self
+                .broker_cpu_cores
+                .iter()
+                .map(|(p, c)| format!("{p} {c:.2}"))
+                .collect();
+            println!("broker CPU, cores: {}", phases.join(", "));
+        }
+        println!("{:-<78}", "");
+        self.print_ratios_and_latency();
+    }
+
+    /// One row of the throughput table: records/s, the ratio to the bare
+    /// consumer, peak RSS.
+    fn row(&self, name: &str, r: f64, m: Option<f64>) {
+        let vs = if self.bare_records_per_s > 0.0 {
+            r / self.bare_records_per_s
+        } else {
+            f64::NAN
+        };
+        println!("{name:<34} {r:>14.0} {vs:>12.3} {:>14}", rss(m));
+    }
+
+    /// The lines under graphsink's row: where its run loop spent the run,
+    /// and its CPU per thread group.
+    fn print_graphsink_run(&self) {
         println!(
             "  ({} records timed in {:.2} s, {} graph commits published)",
             self.graphsink_timed_records, self.graphsink_secs, self.graphsink_commits_published
@@ -241,21 +265,6 @@ impl Report {
                 g.wait_secs
             );
         }
-        row(
-            "graphsink, folding off",
-            self.graphsink_nofold_records_per_s,
-            self.graphsink_nofold_peak_rss_mib,
-        );
-        if !self.broker_cpu_cores.is_empty() {
-            let phases: Vec<String> = self
-                .broker_cpu_cores
-                .iter()
-                .map(|(p, c)| format!("{p} {c:.2}"))
-                .collect();
-            println!("broker CPU, cores: {}", phases.join(", "));
-        }
-        println!("{:-<78}", "");
-        self.print_ratios_and_latency();
     }
 
     /// The part below the throughput table: ratios, latency, fold, counts.
@@ -376,23 +385,7 @@ impl Report {
             ("paced", s3.live_load.as_ref()),
         ] {
             let Some(load) = load else { continue };
-            println!(
-                "  {name} phase: {:.2} s, {} requests = {:.0}/s = {:.1} per flush interval ({} ms, {} shards); WAL PUTs {:.0}/s; server CPU {} s = {} cores",
-                load.secs,
-                load.total_requests,
-                load.requests_per_s,
-                load.requests_per_s * flush_s,
-                s3.wal_flush_ms,
-                s3.shards,
-                load.count("PUT wal entry") as f64 / load.secs.max(1e-9),
-                opt(load.server_cpu_secs, ""),
-                opt(load.server_cpu_cores, "")
-            );
-            let mut by: Vec<_> = load.requests.iter().collect();
-            by.sort_by(|a, b| b.1.cmp(a.1));
-            let shown: Vec<String> = by.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            println!("    by kind: {}", shown.join(", "));
-            println!("    by status: {:?}", load.statuses);
+            print_s3_load(s3, name, load, flush_s);
         }
         if s3.live_catch_up > 0 {
             println!(
@@ -401,4 +394,26 @@ impl Report {
             );
         }
     }
+}
+
+/// One S3 phase's requests: their rate, per flush interval, by kind and by
+/// status, and the server's CPU.
+fn print_s3_load(s3: &S3Report, name: &str, load: &crate::s3::Load, flush_s: f64) {
+    println!(
+            "  {name} phase: {:.2} s, {} requests = {:.0}/s = {:.1} per flush interval ({} ms, {} shards); WAL PUTs {:.0}/s; server CPU {} s = {} cores",
+            load.secs,
+            load.total_requests,
+            load.requests_per_s,
+            load.requests_per_s * flush_s,
+            s3.wal_flush_ms,
+            s3.shards,
+            load.count("PUT wal entry") as f64 / load.secs.max(1e-9),
+            opt(load.server_cpu_secs, ""),
+            opt(load.server_cpu_cores, "")
+        );
+    let mut by: Vec<_> = load.requests.iter().collect();
+    by.sort_by(|a, b| b.1.cmp(a.1));
+    let shown: Vec<String> = by.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    println!("    by kind: {}", shown.join(", "));
+    println!("    by status: {:?}", load.statuses);
 }

@@ -3,7 +3,7 @@
 //! it, and what each S3 phase cost the server: requests by method and kind
 //! (from moto's request log, or from a rule-less `FaultProxy` in front of
 //! the server) and the server's CPU time. Owns the server and the counting;
-//! the phases are driven from main.rs.
+//! the phases are driven from kafka/.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};

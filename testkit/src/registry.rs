@@ -273,6 +273,8 @@ fn not_found(code: u32, message: &str) -> (u16, Value) {
     (404, json!({"error_code": code, "message": message}))
 }
 
+/// Routes a request (after any injected fault) to what the registry
+/// answers: a status and a JSON body.
 fn answer(
     s: &mut State,
     method: &Method,
@@ -296,89 +298,25 @@ fn answer(
             .find(|(k, _)| *k == name)
             .map(|(_, v)| v.to_string())
     };
-    let posted = || serde_json::from_slice::<Value>(body).unwrap_or(Value::Null);
     match (method, parts.as_slice()) {
-        (&Method::POST, ["subjects", subject, "versions"]) => {
-            let b = posted();
-            let Some(schema) = b["schema"].as_str() else {
-                return (422, json!({"error_code": 42201, "message": "no schema"}));
-            };
-            let ty = b["schemaType"].as_str().unwrap_or("AVRO");
-            let refs = b.get("references").cloned().unwrap_or(json!([]));
-            let id = register(s, subject, ty, schema, refs);
-            let version = s.subjects[*subject].iter().position(|&i| i == id).unwrap() + 1;
-            (
-                200,
-                json!({"id": id, "subject": subject, "version": version}),
-            )
-        }
-        (&Method::POST, ["subjects", subject]) => {
-            let b = posted();
-            let wanted = Stored {
-                schema_type: b["schemaType"].as_str().unwrap_or("AVRO").to_string(),
-                schema: b["schema"].as_str().unwrap_or("").to_string(),
-                references: b.get("references").cloned().unwrap_or(json!([])),
-                serialized: None,
-            };
-            let Some(ids) = s.subjects.get(*subject) else {
-                return not_found(40401, "Subject not found");
-            };
-            match ids
-                .iter()
-                .enumerate()
-                .find(|(_, &id)| same(&s.schemas[id as usize - 1], &wanted))
-            {
-                Some((v, &id)) => (200, version_json(s, subject, v + 1, id)),
-                None => not_found(40403, "Schema not found"),
-            }
-        }
+        (&Method::POST, ["subjects", subject, "versions"]) => post_version(s, subject, body),
+        (&Method::POST, ["subjects", subject]) => lookup(s, subject, body),
         (&Method::GET, ["schemas", "ids", id]) => {
-            let Some(stored) = id
-                .parse::<usize>()
-                .ok()
-                .and_then(|i| s.schemas.get(i.wrapping_sub(1)))
-            else {
-                return not_found(40403, "Schema not found");
-            };
             let serialized = param("format").as_deref() == Some("serialized");
-            let text = match (&stored.serialized, serialized) {
-                (Some(b64), true) => b64.clone(),
-                _ => stored.schema.clone(),
-            };
-            let mut v = json!({"schema": text});
-            if stored.schema_type != "AVRO" {
-                v["schemaType"] = json!(stored.schema_type);
-            }
-            if stored.references.as_array().is_some_and(|r| !r.is_empty()) {
-                v["references"] = stored.references.clone();
-            }
-            (200, v)
+            schema_by_id(s, id, serialized)
         }
         (&Method::GET, ["subjects"]) => (200, json!(s.subjects.keys().collect::<Vec<_>>())),
         (&Method::GET, ["subjects", subject, "versions"]) => match s.subjects.get(*subject) {
             Some(ids) => (200, json!((1..=ids.len()).collect::<Vec<_>>())),
             None => not_found(40401, "Subject not found"),
         },
-        (&Method::GET, ["subjects", subject, "versions", v]) => {
-            let Some(ids) = s.subjects.get(*subject) else {
-                return not_found(40401, "Subject not found");
-            };
-            let n = if *v == "latest" || *v == "-1" {
-                ids.len()
-            } else {
-                v.parse().unwrap_or(0)
-            };
-            match ids.get(n.wrapping_sub(1)) {
-                Some(&id) => (200, version_json(s, subject, n, id)),
-                None => not_found(40402, "Version not found"),
-            }
-        }
+        (&Method::GET, ["subjects", subject, "versions", v]) => subject_version(s, subject, v),
         (&Method::GET, ["config"]) => (
             200,
             json!({"compatibilityLevel": s.compatibility.clone().unwrap_or_else(|| "BACKWARD".into())}),
         ),
         (&Method::PUT, ["config"]) => {
-            let level = posted()["compatibility"]
+            let level = posted(body)["compatibility"]
                 .as_str()
                 .unwrap_or("BACKWARD")
                 .to_string();
@@ -390,6 +328,89 @@ fn answer(
             s.unimplemented.push(format!("{method} {full_path}"));
             not_found(40403, "Not implemented by the test registry")
         }
+    }
+}
+
+/// A request's JSON body (`null` if it is not JSON).
+fn posted(body: &[u8]) -> Value {
+    serde_json::from_slice::<Value>(body).unwrap_or(Value::Null)
+}
+
+/// `POST /subjects/{s}/versions`: registers, or finds, the schema posted.
+fn post_version(s: &mut State, subject: &str, body: &[u8]) -> (u16, Value) {
+    let b = posted(body);
+    let Some(schema) = b["schema"].as_str() else {
+        return (422, json!({"error_code": 42201, "message": "no schema"}));
+    };
+    let ty = b["schemaType"].as_str().unwrap_or("AVRO");
+    let refs = b.get("references").cloned().unwrap_or(json!([]));
+    let id = register(s, subject, ty, schema, refs);
+    let version = s.subjects[subject].iter().position(|&i| i == id).unwrap() + 1;
+    (
+        200,
+        json!({"id": id, "subject": subject, "version": version}),
+    )
+}
+
+/// `POST /subjects/{s}`: the version of the posted schema under a subject.
+fn lookup(s: &State, subject: &str, body: &[u8]) -> (u16, Value) {
+    let b = posted(body);
+    let wanted = Stored {
+        schema_type: b["schemaType"].as_str().unwrap_or("AVRO").to_string(),
+        schema: b["schema"].as_str().unwrap_or("").to_string(),
+        references: b.get("references").cloned().unwrap_or(json!([])),
+        serialized: None,
+    };
+    let Some(ids) = s.subjects.get(subject) else {
+        return not_found(40401, "Subject not found");
+    };
+    match ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| same(&s.schemas[id as usize - 1], &wanted))
+    {
+        Some((v, &id)) => (200, version_json(s, subject, v + 1, id)),
+        None => not_found(40403, "Schema not found"),
+    }
+}
+
+/// `GET /schemas/ids/{id}`: the schema, or with `format=serialized` what a
+/// test gave for it.
+fn schema_by_id(s: &State, id: &str, serialized: bool) -> (u16, Value) {
+    let Some(stored) = id
+        .parse::<usize>()
+        .ok()
+        .and_then(|i| s.schemas.get(i.wrapping_sub(1)))
+    else {
+        return not_found(40403, "Schema not found");
+    };
+    let text = match (&stored.serialized, serialized) {
+        (Some(b64), true) => b64.clone(),
+        _ => stored.schema.clone(),
+    };
+    let mut v = json!({"schema": text});
+    if stored.schema_type != "AVRO" {
+        v["schemaType"] = json!(stored.schema_type);
+    }
+    if stored.references.as_array().is_some_and(|r| !r.is_empty()) {
+        v["references"] = stored.references.clone();
+    }
+    (200, v)
+}
+
+/// `GET /subjects/{s}/versions/{v}`: a version by number, or `latest`.
+fn subject_version(s: &State, subject: &str, v: &str) -> (u16, Value) {
+    let Some(ids) = s.subjects.get(subject) else {
+        return not_found(40401, "Subject not found");
+    };
+    let n = if v == "latest" || v == "-1" {
+        ids.len()
+    } else {
+        v.parse().unwrap_or(0)
+    };
+    match ids.get(n.wrapping_sub(1)) {
+        Some(&id) => (200, version_json(s, subject, n, id)),
+        None => not_found(40402, "Version not found"),
     }
 }
 

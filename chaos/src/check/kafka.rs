@@ -1,0 +1,295 @@
+//! Kafka as the checker reads it: the topics from the beginning with a
+//! plain consumer, the group's committed offsets, and those offsets
+//! sampled over time.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{client, Msg, Res};
+
+/// A topic read from the beginning, kept open so each check reads only
+/// what was produced since the last one.
+pub(crate) struct Tail {
+    consumer: BaseConsumer,
+    topic: String,
+    partitions: i32,
+    next: BTreeMap<i32, i64>,
+    pub msgs: Vec<Msg>,
+}
+
+impl Tail {
+    pub(crate) fn new(bootstrap: &str, topic: &str, partitions: i32) -> Res<Tail> {
+        // read_committed, as a dead-letter consumer reads: fold rejects go
+        // out in transactions, and one seen twice fails the check.
+        let consumer: BaseConsumer = client(bootstrap)
+            .set("group.id", "graphsink-chaos-reader")
+            .set("isolation.level", "read_committed")
+            .create()
+            .map_err(|e| format!("reader: {e}"))?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .map_err(|e| e.to_string())?;
+        }
+        consumer.assign(&tpl).map_err(|e| e.to_string())?;
+        Ok(Tail {
+            consumer,
+            topic: topic.to_string(),
+            partitions,
+            next: BTreeMap::new(),
+            msgs: Vec::new(),
+        })
+    }
+
+    /// Reads up to the end offsets as they are now, and at least to
+    /// `at_least` (tansu 0.6 can report a high watermark below the true end,
+    /// and a graph row from past it must still be judged).
+    pub(crate) fn catch_up(&mut self, at_least: &BTreeMap<i32, i64>) -> Res<()> {
+        let topic = self.topic.clone();
+        let topic = &topic;
+        let ends = self.ends_now(at_least)?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        // Past the ends, read on until a second passes with nothing new:
+        // tansu 0.6 reports a high watermark of the last batch's base offset
+        // + 1 until another batch comes, so the ends may fall short.
+        // A producer that keeps going never leaves a quiet second: past the
+        // ends, a second of reading is enough.
+        let mut quiet_since: Option<Instant> = None;
+        let mut reached_at: Option<Instant> = None;
+        let mut last_error = None;
+        loop {
+            let reached = ends
+                .iter()
+                .all(|(p, end)| self.next.get(p).copied().unwrap_or(0) >= *end);
+            if reached {
+                let since = *reached_at.get_or_insert_with(Instant::now);
+                let quiet = quiet_since.is_some_and(|t| t.elapsed() > Duration::from_millis(500));
+                if quiet || since.elapsed() > Duration::from_secs(1) {
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "reading {topic} back: stuck at {:?} of {ends:?} (last error: {last_error:?})",
+                    self.next
+                ));
+            }
+            let Some(m) = self.consumer.poll(Duration::from_millis(200)) else {
+                quiet_since.get_or_insert_with(Instant::now);
+                self.note_position();
+                continue;
+            };
+            quiet_since = None;
+            // Broker restarts leave errors (AllBrokersDown) in the queue:
+            // librdkafka reconnects by itself; the deadline bounds the wait.
+            let m = match m {
+                Ok(m) => m,
+                Err(e) => {
+                    last_error = Some(e.to_string());
+                    continue;
+                }
+            };
+            self.next.insert(m.partition(), m.offset() + 1);
+            self.msgs.push(Tail::msg(topic, &m));
+        }
+        Ok(())
+    }
+
+    /// Each partition's end offset as the broker reports it now, and at
+    /// least `at_least`.
+    fn ends_now(&self, at_least: &BTreeMap<i32, i64>) -> Res<BTreeMap<i32, i64>> {
+        let topic = &self.topic;
+        let mut ends = BTreeMap::new();
+        for p in 0..self.partitions {
+            // Retried: right after a broker restart the first asks fail.
+            let mut tries = 0;
+            let (_, hi) = loop {
+                match self
+                    .consumer
+                    .fetch_watermarks(topic, p, Duration::from_secs(10))
+                {
+                    Ok(w) => break w,
+                    Err(e) if tries >= 5 => return Err(format!("watermarks of {topic}/{p}: {e}")),
+                    Err(_) => {
+                        tries += 1;
+                        std::thread::sleep(Duration::from_secs(2));
+                    }
+                }
+            };
+            ends.insert(p, hi.max(at_least.get(&p).copied().unwrap_or(0)));
+        }
+        Ok(ends)
+    }
+
+    /// Moves the read past transaction markers and aborted records, which
+    /// never come as messages: the position says how far the read is.
+    fn note_position(&mut self) {
+        if let Ok(pos) = self.consumer.position() {
+            for e in pos.elements() {
+                if let Offset::Offset(o) = e.offset() {
+                    let n = self.next.entry(e.partition()).or_insert(0);
+                    *n = (*n).max(o);
+                }
+            }
+        }
+    }
+
+    /// A message as the checker keeps it.
+    fn msg(topic: &str, m: &impl Message) -> Msg {
+        let mut headers = BTreeMap::new();
+        if let Some(h) = m.headers() {
+            for hd in h.iter() {
+                let v = hd.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                headers.insert(hd.key.to_string(), v.unwrap_or_default());
+            }
+        }
+        Msg {
+            topic: topic.to_string(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            headers,
+        }
+    }
+
+    /// The end offsets read so far, per partition.
+    pub(crate) fn ends(&self) -> &BTreeMap<i32, i64> {
+        &self.next
+    }
+}
+
+/// The group's committed offsets (next offset to read) of a topic.
+pub(crate) fn committed(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Res<BTreeMap<i32, i64>> {
+    let consumer: BaseConsumer = client(bootstrap)
+        .set("group.id", group)
+        .create()
+        .map_err(|e| format!("offsets client: {e}"))?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = consumer
+        .committed_offsets(tpl, Duration::from_secs(30))
+        .map_err(|e| format!("committed offsets of {group} on {topic}: {e}"))?;
+    Ok(got
+        .elements()
+        .iter()
+        .map(|e| match e.offset() {
+            Offset::Offset(n) => (e.partition(), n),
+            _ => (e.partition(), 0),
+        })
+        .collect())
+}
+
+/// The group's committed offsets and the topics' end offsets, each summed
+/// over `topics`, sampled every 250 ms on a thread of its own until
+/// dropped: what the group made durable over time, and how far behind it
+/// fell, to see what a rebalance held up.
+pub(crate) struct CommitSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    samples: std::sync::Arc<std::sync::Mutex<Vec<(std::time::SystemTime, i64, i64)>>>,
+}
+
+impl CommitSampler {
+    pub(crate) fn start(
+        bootstrap: &str,
+        group: &str,
+        topics: Vec<(String, i32)>,
+    ) -> Res<CommitSampler> {
+        let consumer: BaseConsumer = client(bootstrap)
+            .set("group.id", group)
+            .create()
+            .map_err(|e| format!("sampler client: {e}"))?;
+        let mut tpl = TopicPartitionList::new();
+        for (t, n) in &topics {
+            for p in 0..*n {
+                tpl.add_partition(t, p);
+            }
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, out) = (stop.clone(), samples.clone());
+        std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(got) = consumer.committed_offsets(tpl.clone(), Duration::from_secs(5)) {
+                    let sum = got
+                        .elements()
+                        .iter()
+                        .map(|e| match e.offset() {
+                            Offset::Offset(n) => n,
+                            _ => 0,
+                        })
+                        .sum();
+                    let ends: Option<i64> = tpl
+                        .elements()
+                        .iter()
+                        .map(|e| {
+                            consumer
+                                .fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(5))
+                                .ok()
+                                .map(|(_, high)| high)
+                        })
+                        .sum();
+                    if let Some(ends) = ends {
+                        out.lock()
+                            .unwrap()
+                            .push((std::time::SystemTime::now(), sum, ends));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        Ok(CommitSampler { stop, samples })
+    }
+
+    /// Over `window` from `at`: records committed per second, the longest
+    /// stretch in which the group committed nothing, and the most records
+    /// produced but not yet committed.
+    pub(crate) fn around(&self, at: std::time::SystemTime, window: Duration) -> (f64, f64, i64) {
+        let samples = self.samples.lock().unwrap();
+        let end = at + window;
+        let inside: Vec<_> = samples
+            .iter()
+            .filter(|(t, _, _)| *t >= at && *t <= end)
+            .collect();
+        let (Some(first), Some(last)) = (inside.first(), inside.last()) else {
+            return (f64::NAN, f64::NAN, -1);
+        };
+        let span = last
+            .0
+            .duration_since(first.0)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let rate = (last.1 - first.1) as f64 / span.max(0.001);
+        let (mut pause, mut since) = (0.0f64, first.0);
+        for w in inside.windows(2) {
+            if w[1].1 > w[0].1 {
+                since = w[1].0;
+            }
+            pause = pause.max(
+                w[1].0
+                    .duration_since(since)
+                    .unwrap_or_default()
+                    .as_secs_f64(),
+            );
+        }
+        let lag = inside.iter().map(|s| s.2 - s.1).max().unwrap_or(-1);
+        (rate, pause, lag)
+    }
+}
+
+impl Drop for CommitSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
