@@ -20,7 +20,7 @@ use lance_index::mem_wal::CompactedSsTable;
 use serde::{Deserialize, Serialize};
 
 use super::checks::Change;
-use super::keys::{follow_compaction, kept_ids, tags};
+use super::keys::{follow_compaction, known_ids_at, tags};
 use super::plan::{FoldPlan, TablePlan};
 use super::read::ReadSet;
 use super::rows::{pk_of, strings};
@@ -102,13 +102,14 @@ fn stamp_commit(rows: &RecordBatch, commit_id: &str) -> Result<RecordBatch> {
 /// checks are done).
 pub(crate) async fn write_all(
     graph: &Graph,
+    known: &KnownIds,
     plan: &FoldPlan,
     changes: BTreeMap<String, Change>,
 ) -> Result<Outcomes> {
     let mut outcomes = Outcomes::new();
     for (table, change) in changes {
         let tp = plan.tables.iter().find(|t| t.table == table);
-        let outcome = write_table(graph, plan, &table, tp, change).await?;
+        let outcome = write_table(graph, known, plan, &table, tp, change).await?;
         outcomes.insert(table, outcome);
     }
     Ok(outcomes)
@@ -123,7 +124,7 @@ struct TableWrite<'a> {
     markers: Vec<CompactedSsTable>,
 }
 
-/// What an addressed write did to the table's kept ids.
+/// What an addressed write did to the table's known ids.
 struct Moved {
     /// Upserted ids with their tags (`keys::tags`) and new addresses.
     added: Vec<(String, u64, u64)>,
@@ -135,6 +136,7 @@ struct Moved {
 /// is committed is not written again.
 async fn write_table(
     graph: &Graph,
+    known: &KnownIds,
     plan: &FoldPlan,
     table: &str,
     tp: Option<&TablePlan>,
@@ -168,13 +170,12 @@ async fn write_table(
         return w.overwrite(ds, rows).await;
     }
     let from = ds.version().version;
-    let kept = if w.pk == ID {
-        kept_ids(graph, table, from).await?
+    let set = if w.pk == ID {
+        known_ids_at(graph, known, table, from).await?
     } else {
         None
     };
-    let known = &graph.known_ids;
-    let addressed = match &kept {
+    let addressed = match &set {
         Some(set) => w.addressed(ds.clone(), known, set, &change).await?,
         None => None,
     };
@@ -187,12 +188,12 @@ async fn write_table(
         }
         None => (w.merge(ds, change).await?, None),
     };
-    // The set's one holder is then the kept map, so `advance` moves it in
+    // The set's one holder is then the known ids, so `advance` moves it in
     // place instead of copying every id.
-    drop(kept);
+    drop(set);
     let written = ds.clone();
     let ds = w.compact(ds).await?;
-    // The kept ids move with the one commit made from them, then over the
+    // The known ids move with the one commit made from them, then over the
     // fold's own compaction; a merge-insert (row addresses unknown) or a
     // commit of someone else's in between leaves them behind: forgotten,
     // and rescanned by the next fold that needs them.
@@ -208,7 +209,7 @@ async fn write_table(
             let to = ds.version().version;
             if to > from + 1 {
                 if only_ours(&ds, from + 2, to, &plan.commit_id).await? {
-                    follow_compaction(graph, table, &written, &ds).await?;
+                    follow_compaction(graph, known, table, &written, &ds).await?;
                 } else {
                     known.forget(table);
                 }
@@ -249,10 +250,10 @@ impl TableWrite<'_> {
         Ok(out)
     }
 
-    /// Deletes and upserts in one commit by the row addresses kept for the
+    /// Deletes and upserts in one commit by the row addresses known for the
     /// table's ids: each replaced or deleted row gets a deletion-vector bit,
     /// the upserts a new fragment (what merge-insert commits, without its
-    /// hash join over every key of the table). `None` when the kept
+    /// hash join over every key of the table). `None` when the known
     /// addresses do not hold the ids they should: a bug, never a guess.
     async fn addressed(
         &self,
@@ -320,7 +321,7 @@ impl TableWrite<'_> {
         let (mut updated, mut removed) = (Vec::new(), Vec::new());
         for (f, offsets) in by_fragment {
             let frag = ds.get_fragment(f as usize).ok_or_else(|| {
-                Error::Corrupt(format!("{}: no fragment {f} for a kept id", self.table))
+                Error::Corrupt(format!("{}: no fragment {f} for a known id", self.table))
             })?;
             match frag
                 .extend_deletions(offsets)
@@ -394,8 +395,8 @@ impl TableWrite<'_> {
         Ok(Some((Arc::new(written), moved)))
     }
 
-    /// Whether the rows at `gone`'s addresses hold the ids kept for them
-    /// (one take of the rows this fold replaces or deletes): kept ids that
+    /// Whether the rows at `gone`'s addresses hold the ids known for them
+    /// (one take of the rows this fold replaces or deletes): known ids that
     /// drifted from the table are forgotten, never used to delete a row.
     async fn holds(&self, ds: &Dataset, gone: &BTreeMap<u64, &str>) -> Result<bool> {
         if gone.is_empty() {
@@ -414,7 +415,7 @@ impl TableWrite<'_> {
                 .enumerate()
                 .all(|(i, id)| ids.is_valid(i) && ids.value(i) == *id);
         if !held {
-            tracing::warn!(table = %self.table, "kept row addresses do not match the table; rescanning");
+            tracing::warn!(table = %self.table, "known row addresses do not match the table; rescanning");
         }
         Ok(held)
     }

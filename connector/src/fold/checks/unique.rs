@@ -6,11 +6,17 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
 
-use super::view::Held;
 use super::Violation;
 use crate::error::{Error, Result};
 use crate::fold::rows::strings;
 use crate::schema::{canonical_ids, GraphType, Provenance, ID};
+
+/// A committed row holding a `@unique` tuple.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub tuple: String,
+    pub id: String,
+}
 
 /// Rows of `rows` whose `@unique` tuple another row holds, by row index;
 /// the message names the first constraint each breaks. `base` holds the

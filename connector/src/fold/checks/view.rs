@@ -13,14 +13,14 @@ use arrow::datatypes::UInt64Type;
 use futures::TryStreamExt;
 use lance::dataset::ProjectionRequest;
 
-use super::unique::tuples;
+use super::unique::{tuples, Held};
 use crate::config::Sharding;
 use crate::error::{Context, Error, Result};
-use crate::fold::keys::{homed, kept_ids};
+use crate::fold::keys::{homed, known_ids_at};
 use crate::fold::read::ReadSet;
 use crate::fold::rows::{concat_all, pending_since, read_all, scan_each, strings, FastSet};
 use crate::graph::Graph;
-use crate::known_ids::{Hasher as KeptHasher, Kind};
+use crate::known_ids::{Hasher as KnownHasher, Kind, KnownIds};
 
 use crate::schema::{
     pending_table, EdgeEnds, GraphSchema, GraphType, Provenance, ID, SRC_PARTITION,
@@ -82,13 +82,6 @@ impl From<Vec<Link>> for CardBase {
     }
 }
 
-/// A committed row holding a `@unique` tuple.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Held {
-    pub tuple: String,
-    pub id: String,
-}
-
 /// The deferred edges of one edge table, in its `_pending/` table's order.
 #[derive(Debug, Clone)]
 pub(crate) struct Pending {
@@ -109,12 +102,14 @@ impl BaseView {
 /// checks of `read` (plus the retried deferred edges) need.
 pub(crate) async fn read_view(
     graph: &Graph,
+    known: &KnownIds,
     base: &BTreeMap<String, u64>,
     retry_pending: &[String],
     read: &ReadSet,
 ) -> Result<BaseView> {
     let mut r = ViewReader {
         graph,
+        known,
         base,
         read,
         view: BaseView::default(),
@@ -133,7 +128,7 @@ pub(crate) async fn read_view(
     }
     for (table, ids) in std::mem::take(&mut r.wanted) {
         if let Some(v) = r.at(&table) {
-            let found = existing_ids(graph, &table, v, &ids).await?;
+            let found = existing_ids(graph, known, &table, v, &ids).await?;
             r.view.node_ids.insert(table, found);
         }
     }
@@ -146,6 +141,7 @@ pub(crate) async fn read_view(
 /// The state of one `read_view`.
 struct ViewReader<'a> {
     graph: &'a Graph,
+    known: &'a KnownIds,
     base: &'a BTreeMap<String, u64>,
     read: &'a ReadSet,
     view: BaseView,
@@ -161,7 +157,7 @@ impl ViewReader<'_> {
     }
 
     /// The committed rows' partitions of the ids each node table of the
-    /// read writes or deletes, from the kept ids (a scan fills them once).
+    /// read writes or deletes, from the known ids (a scan fills them once).
     async fn homes(&mut self) -> Result<()> {
         for ty in self.graph.schema.nodes() {
             let (Some(r), Some(v)) = (self.read.get(&ty.table), self.at(&ty.table)) else {
@@ -174,7 +170,7 @@ impl ViewReader<'_> {
             if ids.is_empty() {
                 continue;
             }
-            let homes = lookup_ids(self.graph, &ty.table, v, &ids)
+            let homes = lookup_ids(self.graph, self.known, &ty.table, v, &ids)
                 .await?
                 .into_iter()
                 .filter_map(|(id, home)| Some((id, home?)))
@@ -275,7 +271,7 @@ impl ViewReader<'_> {
                 // committed edge instead of three).
                 Some(Some(srcs)) => {
                     let t = std::time::Instant::now();
-                    let ids = row_ids_of(self.graph, &ty.table, &ds, &srcs).await?;
+                    let ids = row_ids_of(self.graph, self.known, &ty.table, &ds, &srcs).await?;
                     let find_s = t.elapsed().as_secs_f64();
                     if !ids.is_empty() {
                         let proj = ProjectionRequest::from_columns(cols.iter(), ds.schema());
@@ -352,19 +348,19 @@ fn narrowing(
 }
 
 /// The row ids of the committed edges whose `src` is in `srcs`: from the
-/// `src` tags kept with the table's ids (a pass over them, no decode; a
+/// `src` tags known with the table's ids (a pass over them, no decode; a
 /// superset on a 64-bit collision, which the probes read past), else a
 /// scan of `src` alone.
 async fn row_ids_of(
     graph: &Graph,
+    known: &KnownIds,
     table: &str,
     ds: &lance::Dataset,
     srcs: &FastSet<String>,
 ) -> Result<Vec<u64>> {
-    let kept = kept_ids(graph, table, ds.version().version).await?;
-    if let Some(set) = kept.filter(|s| s.kind() == Kind::Sourced) {
-        let known = &graph.known_ids;
-        let tags: HashSet<u64, KeptHasher> = srcs.iter().map(|s| known.src_tag(s)).collect();
+    let set = known_ids_at(graph, known, table, ds.version().version).await?;
+    if let Some(set) = set.filter(|s| s.kind() == Kind::Sourced) {
+        let tags: HashSet<u64, KnownHasher> = srcs.iter().map(|s| known.src_tag(s)).collect();
         // Without stable row ids, a row's id is its address.
         let mut ids = known.with_src_tags(&set, &tags);
         ids.sort_unstable();
@@ -681,11 +677,12 @@ async fn read_pending(graph: &Graph, ty: &GraphType, pt: &str, v: u64) -> Result
 /// Which of `ids` exist in `table` at version `v`.
 async fn existing_ids(
     graph: &Graph,
+    known: &KnownIds,
     table: &str,
     v: u64,
     ids: &HashSet<String>,
 ) -> Result<HashSet<String>> {
-    Ok(lookup_ids(graph, table, v, ids)
+    Ok(lookup_ids(graph, known, table, v, ids)
         .await?
         .into_keys()
         .collect())
@@ -693,16 +690,16 @@ async fn existing_ids(
 
 /// Which of `ids` exist in `table` at version `v`, each with its row's
 /// source partition under partition sharding (else `None`): from the ids
-/// the fold keeps for that version (one scan fills them), else, past
+/// the fold knows for that version (one scan fills them), else, past
 /// `fold.known_ids_max`, from a scan of `id` (and `_src_partition`).
 async fn lookup_ids(
     graph: &Graph,
+    known: &KnownIds,
     table: &str,
     v: u64,
     ids: &HashSet<String>,
 ) -> Result<HashMap<String, Option<u32>>> {
-    let known = &graph.known_ids;
-    if let Some(set) = kept_ids(graph, table, v).await? {
+    if let Some(set) = known_ids_at(graph, known, table, v).await? {
         return Ok(ids
             .iter()
             .filter(|id| known.contains(&set, id))
