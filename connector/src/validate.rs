@@ -17,22 +17,12 @@ use arrow::datatypes::{
 use regex::Regex;
 
 use crate::error::{Error, Result};
-use crate::rejects::RejectCode;
+use crate::rejects::{RefusedRow, RejectCode};
 use crate::schema::{Bound, GraphType};
 
 /// Longest string value (in bytes) quoted whole in a message; longer ones are
 /// cut, so one huge value cannot bloat `_ingest_rejects`.
 const MAX_SHOWN: usize = 120;
-
-/// One row that breaks a constraint: its index in the checked batch, the
-/// reject code (`Enum`, `Range` or `Check`) and a message naming the
-/// property, the value and the constraint.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Violation {
-    pub row: usize,
-    pub code: RejectCode,
-    pub message: String,
-}
 
 /// A type's enum, `@range` and `@check` constraints, compiled.
 #[derive(Debug, Clone)]
@@ -151,7 +141,7 @@ impl Validator {
     ///   checked per element; non-numeric columns (dates) are skipped.
     /// - `@check`: `Regex::is_match`, so the pattern's own anchors decide
     ///   whether the whole string must match. Lists are checked per element.
-    pub(crate) fn check(&self, rows: &RecordBatch) -> Vec<Violation> {
+    pub(crate) fn check(&self, rows: &RecordBatch) -> Vec<RefusedRow> {
         let mut out = Vec::new();
         if self.is_empty() || rows.num_rows() == 0 {
             return out;
@@ -290,7 +280,7 @@ fn scan<T: Copy>(
     get: impl Fn(usize) -> Option<T>,
     code: RejectCode,
     done: &mut [bool],
-    out: &mut Vec<Violation>,
+    out: &mut Vec<RefusedRow>,
     bad: impl Fn(T) -> bool,
     message: impl Fn(Option<usize>, T) -> String,
 ) {
@@ -306,7 +296,7 @@ fn scan<T: Copy>(
             let Some(v) = get(slot) else { continue };
             if bad(v) {
                 let elem = spans.is_list().then(|| slot - start);
-                out.push(Violation {
+                out.push(RefusedRow {
                     row,
                     code,
                     message: message(elem, v),
@@ -324,7 +314,7 @@ fn scan_strs(
     spans: &Spans<'_>,
     code: RejectCode,
     done: &mut [bool],
-    out: &mut Vec<Violation>,
+    out: &mut Vec<RefusedRow>,
     bad: impl Fn(&str) -> bool,
     message: impl Fn(Option<usize>, &str) -> String,
 ) {
@@ -366,7 +356,7 @@ impl std::fmt::Display for Num {
 fn scan_nums(
     spans: &Spans<'_>,
     done: &mut [bool],
-    out: &mut Vec<Violation>,
+    out: &mut Vec<RefusedRow>,
     bad: impl Fn(Num) -> bool,
     message: impl Fn(Option<usize>, Num) -> String,
 ) {
@@ -518,7 +508,7 @@ mod tests {
         RecordBatch::try_from_iter(cols).unwrap()
     }
 
-    fn rows(v: &[Violation]) -> Vec<usize> {
+    fn rows(v: &[RefusedRow]) -> Vec<usize> {
         v.iter().map(|v| v.row).collect()
     }
 
@@ -558,7 +548,7 @@ mod tests {
         let v = validator().check(&b);
         assert_eq!(
             v,
-            [Violation {
+            [RefusedRow {
                 row: 1,
                 code: RejectCode::Enum,
                 // The compiler sorts enum values.

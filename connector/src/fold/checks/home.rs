@@ -13,7 +13,7 @@ use super::Rejection;
 use crate::error::{Context, Result};
 use crate::fold::read::Read;
 use crate::fold::rows::{drop_rows, strings};
-use crate::rejects::RejectCode;
+use crate::rejects::{refuse_rows, RefusedRow, RejectCode};
 use crate::schema::{GraphType, Provenance, ID};
 
 /// The read keeps, per id, the newest row of the lowest partition it met
@@ -144,7 +144,6 @@ pub(super) fn off_home(
 ) -> Result<Option<(Read, Vec<Rejection>)>> {
     const WHY: &str = "under wal.sharding = \"partition\" one id must always arrive on one \
         partition (producers key by the id, with one partitioner); the committed row stays";
-    let mut refused = Vec::new();
     let mut upserts_off = Vec::new();
     if let Some(rows) = &r.upserts {
         let ids = strings(rows, ID)?;
@@ -159,10 +158,19 @@ pub(super) fn off_home(
                      partition {}; {WHY}",
                     parts.value(i)
                 );
-                refused.push(Rejection::upsert(ty, rows, i, RejectCode::ShardConflict, m));
-                upserts_off.push(i);
+                upserts_off.push(RefusedRow {
+                    row: i,
+                    code: RejectCode::ShardConflict,
+                    message: m,
+                });
             }
         }
+    }
+    let (mut refused, mut left) = (Vec::new(), None);
+    if let Some(rows) = r.upserts.as_ref().filter(|_| !upserts_off.is_empty()) {
+        let off = refuse_rows(rows, upserts_off, |v| Rejection::of_row(ty, rows, v))?;
+        refused = off.refused;
+        left = Some((off.kept.num_rows() > 0).then_some(off.kept));
     }
     let mut deletes_off = HashSet::new();
     for (i, id) in r.deletes.iter().enumerate() {
@@ -184,11 +192,8 @@ pub(super) fn off_home(
         return Ok(None);
     }
     let mut kept = r.clone();
-    if let Some(rows) = &r.upserts {
-        if !upserts_off.is_empty() {
-            let left = drop_rows(rows, upserts_off.into_iter())?;
-            kept.upserts = (left.num_rows() > 0).then_some(left);
-        }
+    if let Some(left) = left {
+        kept.upserts = left;
     }
     if !deletes_off.is_empty() {
         let keep = |i: &usize| !deletes_off.contains(i);
