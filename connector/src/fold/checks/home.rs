@@ -77,6 +77,14 @@ pub(super) fn rehome(r: &Read, homes: &HashMap<String, u32>) -> Result<Option<Re
             .map(|b| pick(b, &down_up.iter().copied().collect()))
             .transpose()?,
     )?;
+    swap_deletes(r, &mut out, down_del, &del_idx)?;
+    Ok(Some(out))
+}
+
+/// The deletes of `rehome`: `r`'s kept deletes at `down` step down to
+/// conflicts, its conflicting deletes at `up` (from their id's home) are
+/// kept instead; into `out`.
+fn swap_deletes(r: &Read, out: &mut Read, down: HashSet<usize>, up: &HashSet<usize>) -> Result<()> {
     if r.delete_shards.len() != r.deletes.len() {
         return Err(crate::error::Error::Corrupt(format!(
             "{} deletes with {} shards",
@@ -85,27 +93,27 @@ pub(super) fn rehome(r: &Read, homes: &HashMap<String, u32>) -> Result<Option<Re
         )));
     }
     let shard = |i: usize| r.delete_shards[i];
-    let stay = |i: &usize| !down_del.contains(i);
+    let stay = |i: &usize| !down.contains(i);
     let (mut deletes, mut shards): (Vec<String>, Vec<u32>) = (0..r.deletes.len())
         .filter(stay)
         .map(|i| (r.deletes[i].clone(), shard(i)))
         .unzip();
     let mut conflicts = Vec::new();
     for (j, d) in r.conflicts.deletes.iter().enumerate() {
-        if del_idx.contains(&j) {
+        if up.contains(&j) {
             deletes.push(d.0.clone());
             shards.push(d.1);
         } else {
             conflicts.push(d.clone());
         }
     }
-    let mut down: Vec<usize> = down_del.into_iter().collect();
+    let mut down: Vec<usize> = down.into_iter().collect();
     down.sort_unstable();
     conflicts.extend(down.into_iter().map(|i| (r.deletes[i].clone(), shard(i))));
     out.deletes = deletes;
     out.delete_shards = shards;
     out.conflicts.deletes = conflicts;
-    Ok(Some(out))
+    Ok(())
 }
 
 /// The rows of `rows` at `idx`, in row order.

@@ -226,84 +226,101 @@ impl ViewReader<'_> {
             .chain(pending.as_ref())
             .collect();
         if let Some(v) = self.at(&ty.table) {
-            // One scan of the edge table feeds every probe this fold needs.
-            let ds = self.graph.open_table(&ty.table, Some(v)).await?;
-            let carded = ends.card_max.is_some() || ends.card_min > 0;
-            let uniques = !ty.constraints.uniques.is_empty() && !cands.is_empty();
-            let mut touch = touched
-                .then(|| Touching::new(self.deleted.get(&ends.from), self.deleted.get(&ends.to)));
-            let mut card = carded
-                .then(|| CardProbe::new(&cands, deletes))
-                .transpose()?;
-            let mut unique = uniques.then(|| UniqueProbe::new(ty, &cands)).transpose()?;
-            let mut cols: Vec<String> = vec![ID.into()];
-            if touch.is_some() || card.is_some() {
-                cols.push("src".into());
-            }
-            if touch.is_some() {
-                cols.push("dst".into());
-            }
-            cols.extend(unique.as_ref().map(|u| u.cols()).unwrap_or_default());
-            let mut seen = HashSet::new();
-            cols.retain(|c| seen.insert(c.clone()));
-            let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
-            let mut feed = |b: &RecordBatch| -> Result<()> {
-                let hit = match &mut touch {
-                    Some(t) => t.batch(b)?,
-                    None => vec![],
-                };
-                if let Some(c) = &mut card {
-                    c.batch(b, &hit)?;
-                }
-                if let Some(u) = &mut unique {
-                    u.batch(b)?;
-                }
-                Ok(())
-            };
-            let needed = touched || carded || uniques;
-            match needed
-                .then(|| narrowing(ty, ends, touched, &cands))
-                .transpose()?
-            {
-                None => {}
-                // Narrowed: `src` alone is scanned, and only the rows of the
-                // fold's srcs are read whole (one string column decoded per
-                // committed edge instead of three).
-                Some(Some(srcs)) => {
-                    let t = std::time::Instant::now();
-                    let ids = row_ids_of(self.graph, self.known, &ty.table, &ds, &srcs).await?;
-                    let find_s = t.elapsed().as_secs_f64();
-                    if !ids.is_empty() {
-                        let proj = ProjectionRequest::from_columns(cols.iter(), ds.schema());
-                        let rows = ds
-                            .take_rows(&ids, proj)
-                            .await
-                            .ctx("read the committed edges of the fold's srcs")?;
-                        feed(&rows)?;
-                    }
-                    tracing::debug!(
-                        table = %ty.table, srcs = srcs.len(), edges = ids.len(), find_s,
-                        read_s = t.elapsed().as_secs_f64() - find_s,
-                        "read the committed edges of the fold's srcs"
-                    );
-                }
-                Some(None) => scan_each(&ds, &cols, feed).await?,
-            }
-            if let Some(t) = touch {
-                self.view.links.insert(ty.table.clone(), t.links);
-            }
-            if let Some(c) = card {
-                self.view
-                    .card
-                    .insert(ty.table.clone(), c.finish(&ds).await?);
-            }
-            if let Some(u) = unique {
-                self.view.uniques.insert(ty.table.clone(), u.held);
-            }
+            self.probe_edges(ty, ends, touched, v, &cands, deletes)
+                .await?;
         }
         for rows in cands {
             self.want(ends, rows)?;
         }
+        Ok(())
+    }
+
+    /// What the committed edges at `v` tell the checks: the edges that
+    /// touch a deleted node, `@card`'s counts and `@unique`'s holders of
+    /// the candidates' tuples. One scan of the edge table (or a read of
+    /// the candidates' `src`s alone, see `narrowing`) feeds every probe
+    /// this fold needs.
+    async fn probe_edges(
+        &mut self,
+        ty: &GraphType,
+        ends: &EdgeEnds,
+        touched: bool,
+        v: u64,
+        cands: &[&RecordBatch],
+        deletes: &[String],
+    ) -> Result<()> {
+        let ds = self.graph.open_table(&ty.table, Some(v)).await?;
+        let carded = ends.card_max.is_some() || ends.card_min > 0;
+        let uniques = !ty.constraints.uniques.is_empty() && !cands.is_empty();
+        let mut touch = touched
+            .then(|| Touching::new(self.deleted.get(&ends.from), self.deleted.get(&ends.to)));
+        let mut card = carded.then(|| CardProbe::new(cands, deletes)).transpose()?;
+        let mut unique = uniques.then(|| UniqueProbe::new(ty, cands)).transpose()?;
+        let cols = probe_cols(touch.is_some(), card.is_some(), unique.as_ref());
+        let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
+        let mut feed = |b: &RecordBatch| -> Result<()> {
+            let hit = match &mut touch {
+                Some(t) => t.batch(b)?,
+                None => vec![],
+            };
+            if let Some(c) = &mut card {
+                c.batch(b, &hit)?;
+            }
+            if let Some(u) = &mut unique {
+                u.batch(b)?;
+            }
+            Ok(())
+        };
+        let needed = touched || carded || uniques;
+        match needed
+            .then(|| narrowing(ty, ends, touched, cands))
+            .transpose()?
+        {
+            None => {}
+            Some(Some(srcs)) => self.read_srcs(ty, &ds, &cols, &srcs, &mut feed).await?,
+            Some(None) => scan_each(&ds, &cols, feed).await?,
+        }
+        if let Some(t) = touch {
+            self.view.links.insert(ty.table.clone(), t.links);
+        }
+        if let Some(c) = card {
+            self.view
+                .card
+                .insert(ty.table.clone(), c.finish(&ds).await?);
+        }
+        if let Some(u) = unique {
+            self.view.uniques.insert(ty.table.clone(), u.held);
+        }
+        Ok(())
+    }
+
+    /// Narrowed: `src` alone is scanned, and only the rows of the fold's
+    /// `srcs` are read whole, into `feed` (one string column decoded per
+    /// committed edge instead of three).
+    async fn read_srcs(
+        &self,
+        ty: &GraphType,
+        ds: &lance::Dataset,
+        cols: &[&str],
+        srcs: &FastSet<String>,
+        feed: &mut impl FnMut(&RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        let t = std::time::Instant::now();
+        let ids = row_ids_of(self.graph, self.known, &ty.table, ds, srcs).await?;
+        let find_s = t.elapsed().as_secs_f64();
+        if !ids.is_empty() {
+            let proj = ProjectionRequest::from_columns(cols.iter(), ds.schema());
+            let rows = ds
+                .take_rows(&ids, proj)
+                .await
+                .ctx("read the committed edges of the fold's srcs")?;
+            feed(&rows)?;
+        }
+        tracing::debug!(
+            table = %ty.table, srcs = srcs.len(), edges = ids.len(), find_s,
+            read_s = t.elapsed().as_secs_f64() - find_s,
+            "read the committed edges of the fold's srcs"
+        );
         Ok(())
     }
 
@@ -316,6 +333,22 @@ impl ViewReader<'_> {
         }
         Ok(())
     }
+}
+
+/// The columns the probes read: `id`, then `src` for `Touching` and
+/// `CardProbe`, `dst` for `Touching`, and every column a `@unique` names.
+fn probe_cols(touch: bool, card: bool, unique: Option<&UniqueProbe>) -> Vec<String> {
+    let mut cols: Vec<String> = vec![ID.into()];
+    if touch || card {
+        cols.push("src".into());
+    }
+    if touch {
+        cols.push("dst".into());
+    }
+    cols.extend(unique.map(|u| u.cols()).unwrap_or_default());
+    let mut seen = HashSet::new();
+    cols.retain(|c| seen.insert(c.clone()));
+    cols
 }
 
 /// The `src`s the edge scan can keep to, or `None` to probe every row.
