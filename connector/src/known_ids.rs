@@ -122,6 +122,14 @@ pub(crate) struct KnownIds {
     tables: Mutex<HashMap<String, (u64, Arc<IdSet>)>>,
 }
 
+/// Bounded by the config's default `fold.known_ids_max` (the default
+/// `Policies` folds as a default config would).
+impl Default for KnownIds {
+    fn default() -> KnownIds {
+        KnownIds::new(crate::config::FoldSettings::default().known_ids_max)
+    }
+}
+
 impl KnownIds {
     pub(crate) fn new(max: usize) -> KnownIds {
         let random = std::collections::hash_map::RandomState::new();

@@ -177,6 +177,56 @@ fn imports_run_one_way_from_the_leaves_up() {
     assert_eq!(circle(&graph), None, "import circle");
 }
 
+/// Within one folder of modules (`fold/checks/`): file → the sibling
+/// files it imports (`super::x`), the folder's `mod.rs` and `tests.rs`
+/// left out (the parent and its tests may reach every child).
+fn sibling_imports(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let stem = |p: &Path| p.file_stem().expect("a name").to_string_lossy().to_string();
+    let files: Vec<_> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("rs"))
+        .filter(|p| !["mod", "tests"].contains(&stem(p).as_str()))
+        .collect();
+    let names: BTreeSet<String> = files.iter().map(|p| stem(p)).collect();
+    let mut out = BTreeMap::new();
+    for p in &files {
+        let text = std::fs::read_to_string(p).expect("read source");
+        let code: String = (text.lines())
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let deps: BTreeSet<String> = (code.match_indices("super::"))
+            .flat_map(|(i, _)| first_segments(&code[i + "super::".len()..]))
+            .filter(|n| names.contains(n) && *n != stem(p))
+            .collect();
+        out.insert(stem(p), deps);
+    }
+    out
+}
+
+/// The checks of a fold import each other one way (`view` reads what
+/// `unique` defines, never back).
+#[test]
+fn the_fold_checks_import_each_other_one_way() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/fold/checks");
+    let graph = sibling_imports(&dir);
+    assert!(graph["view"].contains("unique"), "{graph:?}");
+    assert_eq!(circle(&graph), None, "import circle in fold/checks");
+    // The circle this test keeps out, seen.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("mod.rs"), "use view::Held;\n").unwrap();
+    std::fs::write(tmp.path().join("view.rs"), "use super::unique::tuples;\n").unwrap();
+    std::fs::write(
+        tmp.path().join("unique.rs"),
+        "use super::{view::Held, Rejection};\n",
+    )
+    .unwrap();
+    let g = sibling_imports(tmp.path());
+    assert_eq!(g["unique"], BTreeSet::from(["view".to_string()]));
+    assert!(circle(&g).is_some());
+}
+
 #[test]
 fn the_checker_sees_an_upward_import_and_a_circle() {
     let dir = tempfile::tempdir().unwrap();

@@ -6,13 +6,14 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
+    ArrayRef, BinaryArray, BooleanArray, Int32Array, Int64Array, RecordBatch, StringArray,
     TimestampMillisecondArray,
 };
+use arrow::compute::filter_record_batch;
 use rdkafka::message::Headers;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::schema::{rejects_schema, Source, REJECTS_TABLE, REJECT_ID};
 use crate::types::now_ms;
 
@@ -160,6 +161,53 @@ impl RejectCode {
             _ => Stage::Decode,
         }
     }
+}
+
+/// One row of a checked batch that a check refuses: its index in the
+/// batch, the code and a message naming what it breaks. The decoder's
+/// checks (`validate`, the partition keys) and the fold's graph checks
+/// make them; `refuse_rows` turns them into their stage's rejects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RefusedRow {
+    pub row: usize,
+    pub code: RejectCode,
+    pub message: String,
+}
+
+/// A batch after `refuse_rows`.
+pub(crate) struct Refusals<T> {
+    /// The rows left, in order (possibly none).
+    pub kept: RecordBatch,
+    /// Per row of the checked batch: whether it was left (for what runs
+    /// beside the rows, such as their poll indices).
+    pub keep: Vec<bool>,
+    /// What each refused row became, in the order refused: its count is
+    /// the rows refused.
+    pub refused: Vec<T>,
+}
+
+/// Refuses rows of `rows`: each of `refused` becomes a `T` by `to` (a
+/// decoder's `Reject`, a fold check's `Rejection`) and leaves the batch.
+/// The one way a checked batch sheds rows, in both stages.
+pub(crate) fn refuse_rows<T>(
+    rows: &RecordBatch,
+    refused: impl IntoIterator<Item = RefusedRow>,
+    mut to: impl FnMut(RefusedRow) -> T,
+) -> Result<Refusals<T>> {
+    let mut keep = vec![true; rows.num_rows()];
+    let refused: Vec<T> = (refused.into_iter())
+        .map(|r| {
+            keep[r.row] = false;
+            to(r)
+        })
+        .collect();
+    let mask = BooleanArray::from(keep.clone());
+    let kept = filter_record_batch(rows, &mask).ctx("drop refused rows")?;
+    Ok(Refusals {
+        kept,
+        keep,
+        refused,
+    })
 }
 
 /// One refused record, with everything needed to find, explain and replay it.

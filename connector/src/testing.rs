@@ -76,18 +76,24 @@ pub async fn manifest_version(graph: &Graph) -> Result<u64> {
     graph.manifest_version().await
 }
 
-/// Whether the ids kept for `table` are exactly its rows at their version,
-/// each at its row's address (`None`: none kept).
-pub async fn kept_ids_agree(graph: &Graph, table: &str) -> crate::Result<Option<bool>> {
-    crate::fold::kept_ids_agree(graph, table).await
+/// Whether the known ids of `table` (those the folds under `policies`
+/// keep) are exactly its rows at their version, each at its row's address
+/// (`None`: none kept).
+pub async fn known_ids_agree(
+    graph: &Graph,
+    policies: &Policies,
+    table: &str,
+) -> crate::Result<Option<bool>> {
+    crate::fold::known_ids_agree(graph, &policies.known_ids, table).await
 }
 
-/// Swaps the row addresses kept for ids `a` and `b` of `table`.
-pub fn swap_kept_addresses(graph: &Graph, table: &str, a: &str, b: &str) {
-    graph.known_ids.swap_addresses(table, a, b)
+/// Swaps the row addresses known for ids `a` and `b` of `table`.
+pub fn swap_known_addresses(policies: &Policies, table: &str, a: &str, b: &str) {
+    policies.known_ids.swap_addresses(table, a, b)
 }
 
-/// The version and size of the ids the fold keeps for `table`, if any.
-pub fn known_ids(graph: &Graph, table: &str) -> Option<(u64, usize)> {
-    graph.known_ids.held(table)
+/// The version and size of the ids the folds under `policies` keep for
+/// `table`, if any.
+pub fn known_ids(policies: &Policies, table: &str) -> Option<(u64, usize)> {
+    policies.known_ids.held(table)
 }

@@ -590,7 +590,7 @@ async fn kept_node_ids_follow_each_folds_adds_and_deletes() {
     // c goes, d comes: the kept ids move to the version this fold wrote.
     let f = g.fold(vec![(0, "c", None), person("d")]).await;
     assert_eq!(
-        testing::known_ids(&g.graph, "nodes/Person"),
+        testing::known_ids(&g.policies, "nodes/Person"),
         Some((at(&f), 3)),
         "the kept ids follow the fold's own writes"
     );
@@ -750,17 +750,17 @@ async fn fold_rounds(kept: bool) -> Vec<Round> {
         rejects.sort();
         out.push((values(g.rows("edges/Ties").await, "w"), rejects));
         if !kept {
-            assert_eq!(testing::known_ids(&g.graph, "nodes/Person"), None);
+            assert_eq!(testing::known_ids(&g.policies, "nodes/Person"), None);
             continue;
         }
         for table in ["nodes/Person", "edges/Likes", "edges/Ties"] {
-            let agree = testing::kept_ids_agree(&g.graph, table)
+            let agree = testing::known_ids_agree(&g.graph, &g.policies, table)
                 .await
                 .expect("scan");
             assert_eq!(agree, Some(true), "round {round}: {table}'s kept addresses");
         }
         // The kept ids follow every fold, its compactions included.
-        let (v, _) = testing::known_ids(&g.graph, "nodes/Person").expect("kept");
+        let (v, _) = testing::known_ids(&g.policies, "nodes/Person").expect("kept");
         assert_eq!(v, f.commit.tables["nodes/Person"], "round {round}");
         let table = g
             .graph
@@ -773,7 +773,7 @@ async fn fold_rounds(kept: bool) -> Vec<Round> {
     if kept {
         assert!(compacted, "30 folds passed the compaction bound");
         // Addresses that drifted: the fold must not delete by them.
-        testing::swap_kept_addresses(&g.graph, "nodes/Person", name(0), name(39));
+        testing::swap_known_addresses(&g.policies, "nodes/Person", name(0), name(39));
         g.fold(vec![person(0, 100)]).await;
         people.insert(name(0).to_string(), 100);
         let got = values(g.rows("nodes/Person").await, "n");

@@ -3,11 +3,10 @@
 //! refused rows out of the batch as rejects (the partition-key check in
 //! keys.rs uses it too).
 
-use arrow::array::{BooleanArray, RecordBatch};
-use arrow::compute::filter_record_batch;
+use arrow::array::RecordBatch;
 
-use crate::error::{Context, Result};
-use crate::rejects::{Reject, RejectCode};
+use crate::error::Result;
+use crate::rejects::{self, RefusedRow, Reject, RejectCode};
 use crate::schema::row_json;
 
 use super::{RecordDecoder, SourceRecord};
@@ -54,7 +53,8 @@ impl RecordDecoder {
         self.refuse_rows(records, rows, up_idx, refused)
     }
 
-    /// Drops `refused` rows (row, code, message) from `rows`, as rejects.
+    /// Drops `refused` rows (row, code, message) from `rows`, as rejects
+    /// of their records (`rejects::refuse_rows`).
     pub(super) fn refuse_rows(
         &self,
         records: &[SourceRecord<'_>],
@@ -62,25 +62,22 @@ impl RecordDecoder {
         up_idx: Vec<usize>,
         refused: Vec<(usize, RejectCode, String)>,
     ) -> Result<Checked> {
-        let mut rejects = Vec::with_capacity(refused.len());
-        let mut keep = vec![true; rows.num_rows()];
-        for (r, code, message) in refused {
-            keep[r] = false;
-            let i = up_idx[r];
-            let row = row_json(rows, r);
-            rejects.push((i, self.reject(&records[i], code, message, row)));
-        }
-        let mask = BooleanArray::from(keep.clone());
-        let kept = filter_record_batch(rows, &mask).ctx("drop invalid rows")?;
+        let refused =
+            (refused.into_iter()).map(|(row, code, message)| RefusedRow { row, code, message });
+        let out = rejects::refuse_rows(rows, refused, |r| {
+            let i = up_idx[r.row];
+            let row = row_json(rows, r.row);
+            (i, self.reject(&records[i], r.code, r.message, row))
+        })?;
         let up_idx = up_idx
             .into_iter()
-            .zip(keep)
+            .zip(out.keep)
             .filter_map(|(i, k)| k.then_some(i))
             .collect();
         Ok(Checked {
-            rows: Some(kept),
+            rows: Some(out.kept),
             up_idx,
-            rejects,
+            rejects: out.refused,
         })
     }
 }

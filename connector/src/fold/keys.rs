@@ -1,4 +1,4 @@
-//! The keys of a base table kept between folds (`known_ids`): each id with
+//! The known ids of a base table, kept between folds (`known_ids`): each id with
 //! its row's address, filled by one scan of the table's key column and its
 //! row addresses, then moved forward by the fold's own writes. The checks
 //! ask it which endpoints exist; the write replaces and deletes rows by
@@ -26,7 +26,7 @@ const SRC: &str = "src";
 /// Lance's row address column (fragment id << 32 | offset).
 const ROW_ADDR: &str = "_rowaddr";
 
-/// What `table`'s kept ids keep with each id: the source partition for
+/// What `table`'s known ids keep with each id: the source partition for
 /// node tables under partition sharding (`shard_conflict`,
 /// docs/decisions/0007-scale-out.md), a hash of `src` for edge tables with `@card` or
 /// `@unique` (their checks read the committed edges of the fold's `src`s).
@@ -49,16 +49,20 @@ pub(crate) fn kind(graph: &Graph, table: &str) -> Kind {
     }
 }
 
-/// Whether `table`'s kept ids keep each row's source partition.
+/// Whether `table`'s known ids keep each row's source partition.
 pub(crate) fn homed(graph: &Graph, table: &str) -> bool {
     kind(graph, table) == Kind::Homed
 }
 
-/// The ids of `table` at version `v`: the kept set, else one scan of the
+/// The ids of `table` at version `v`: the known set, else one scan of the
 /// table fills it; `None` when the table does not fit `fold.known_ids_max`
 /// (the caller then scans for what it needs).
-pub(crate) async fn kept_ids(graph: &Graph, table: &str, v: u64) -> Result<Option<Arc<IdSet>>> {
-    let known = &graph.known_ids;
+pub(crate) async fn known_ids_at(
+    graph: &Graph,
+    known: &KnownIds,
+    table: &str,
+    v: u64,
+) -> Result<Option<Arc<IdSet>>> {
     let kind = kind(graph, table);
     if let Some(set) = known.at(table, v).filter(|s| s.kind() == kind) {
         return Ok(Some(set));
@@ -145,13 +149,14 @@ async fn scan_keys(
     Ok(())
 }
 
-/// Moves `table`'s kept ids from `before` over the fold's own compaction
+/// Moves `table`'s known ids from `before` over the fold's own compaction
 /// to `after`: every live row of the fragments it rewrote is in the
 /// fragments it added, so one scan of those alone gives each moved id its
 /// new address (compaction runs once per ~16 folds; a full rescan of a
 /// 10M-row table would cost ~0.8 s each time).
 pub(crate) async fn follow_compaction(
     graph: &Graph,
+    known: &KnownIds,
     table: &str,
     before: &Dataset,
     after: &Dataset,
@@ -166,16 +171,12 @@ pub(crate) async fn follow_compaction(
     let mut moved = Vec::new();
     if !added.is_empty() {
         let kind = kind(graph, table);
-        scan_keys(
-            after,
-            &graph.known_ids,
-            kind,
-            Some(added),
-            |id, tag, addr| moved.push((id.to_string(), tag, addr)),
-        )
+        scan_keys(after, known, kind, Some(added), |id, tag, addr| {
+            moved.push((id.to_string(), tag, addr))
+        })
         .await?;
     }
-    graph.known_ids.advance(
+    known.advance(
         table,
         before.version().version,
         after.version().version,
@@ -185,10 +186,13 @@ pub(crate) async fn follow_compaction(
     Ok(())
 }
 
-/// Whether the ids kept for `table` are exactly its rows at their version,
+/// Whether the known ids of `table` are exactly its rows at their version,
 /// each at its row's address (`None`: none kept). For tests.
-pub(crate) async fn kept_ids_agree(graph: &Graph, table: &str) -> Result<Option<bool>> {
-    let known = &graph.known_ids;
+pub(crate) async fn known_ids_agree(
+    graph: &Graph,
+    known: &KnownIds,
+    table: &str,
+) -> Result<Option<bool>> {
     let Some(set) = known
         .held(table)
         .and_then(|(v, _)| Some((v, known.at(table, v)?)))

@@ -43,7 +43,7 @@ use checks::{Checked, Ctx, Decision};
 use publish::Published;
 use read::ReadSet;
 
-pub(crate) use keys::kept_ids_agree;
+pub(crate) use keys::known_ids_agree;
 pub(crate) use migrate::migrate;
 pub use offline::fold_offline;
 pub(crate) use plan::oldest_pending;
@@ -103,7 +103,14 @@ pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Res
     };
     let read = read::read_plan(graph, plan).await?;
     lap(&mut stages.read);
-    let view = checks::read_view(graph, &plan.base, &plan.retry_pending, &read).await?;
+    let view = checks::read_view(
+        graph,
+        &policies.known_ids,
+        &plan.base,
+        &plan.retry_pending,
+        &read,
+    )
+    .await?;
     lap(&mut stages.view);
     let checked = check_with(graph, policies, plan, &read, &view)?;
     lap(&mut stages.check);
@@ -124,7 +131,7 @@ pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Res
     // Kept (batches are shared, not copied) for a re-check on a moved head;
     // its id sets are built only then, not on every fold.
     let changes = write::with_rejects(checked.changes.clone(), plan, &read, &rejects)?;
-    let outcomes = write::write_all(graph, plan, changes).await?;
+    let outcomes = write::write_all(graph, &policies.known_ids, plan, changes).await?;
     lap(&mut stages.write);
     failpoints::hit(failpoints::FOLD_BEFORE_PUBLISH)?;
     let commit = publish_checked(graph, policies, plan, &read, &checked, &outcomes).await?;
@@ -144,7 +151,8 @@ async fn check_on(
     read: &ReadSet,
     base: &std::collections::BTreeMap<String, u64>,
 ) -> Result<Checked> {
-    let view = checks::read_view(graph, base, &plan.retry_pending, read).await?;
+    let view =
+        checks::read_view(graph, &policies.known_ids, base, &plan.retry_pending, read).await?;
     check_with(graph, policies, plan, read, &view)
 }
 

@@ -1,9 +1,12 @@
 //! Fold-time policies, built from the config and passed to every stage: the
-//! storage handle (`Graph`) carries none.
+//! storage handle (`Graph`) carries none. The ids the fold keeps between
+//! folds (`known_ids`) travel with them, for the same reason.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::config::{Config, DeletePolicy, EndpointPolicy, Tolerance};
+use crate::known_ids::KnownIds;
 
 /// The fold-time policies of the config, per graph type.
 #[derive(Debug, Clone, Default)]
@@ -12,6 +15,10 @@ pub struct Policies {
     /// Per edge type.
     pub max_pending_edges: usize,
     pub types: HashMap<String, TypePolicy>,
+    /// The ids the fold keeps between folds, bounded by
+    /// `fold.known_ids_max` (shared by clones: every fold of one loop, or
+    /// of one test harness, fills and moves the same sets).
+    pub(crate) known_ids: Arc<KnownIds>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -41,6 +48,7 @@ impl Policies {
             tolerance: config.errors.tolerance,
             max_pending_edges: config.errors.max_pending_edges,
             types,
+            known_ids: Arc::new(KnownIds::new(config.fold.known_ids_max)),
         }
     }
 

@@ -201,11 +201,70 @@ impl FoldLoop {
     /// the run loop is gone.
     async fn fold_once(&mut self, spans: &mut WrittenSpans) -> Result<bool> {
         let started = std::time::Instant::now();
+        let Some(mut limits) = self.take_cut(spans).await? else {
+            return Ok(false);
+        };
+        let Some(grace) = self.take_part(&mut limits, spans).await? else {
+            return Ok(true);
+        };
+        let policies = match grace {
+            Some(g) => std::borrow::Cow::Owned(self.policies.deferring_rejects(g)),
+            None => std::borrow::Cow::Borrowed(&self.policies),
+        };
+        let head = self.graph.head().await?;
+        if let Some(mut plan) = plan(
+            &self.graph,
+            &policies,
+            &head,
+            &Some(limits),
+            spans,
+            &self.actor,
+        )
+        .await?
+        {
+            plan.dead_letters_delivered = plan.dead_letters_delivered.max(self.delivered);
+            // Recorded in every table commit, so a roll-forward (`recover`,
+            // by this member or the next folder) checks as this fold does.
+            plan.defer_rejects_ms = grace.map(|g| g.as_millis() as u64);
+            crate::types::raise_offsets(&mut plan.dead_letter_since, &self.dead_letters.seen());
+            let Folded {
+                commit,
+                rejects,
+                stages: t,
+            } = execute(&self.graph, &policies, &plan).await?;
+            *spans = WrittenSpans::default();
+            self.deliver(&commit, &rejects).await?;
+            let oldest = self.oldest_taken.take();
+            self.report
+                .published(
+                    &self.graph,
+                    &commit,
+                    &rejects,
+                    started.elapsed(),
+                    oldest,
+                    &t,
+                )
+                .await;
+            let _ = self.published.send(Some(commit));
+            if let Some(r) = &mut self.retention {
+                r.after_publish(&self.graph).await;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Asks the run loop for a cut, notes its offsets, and waits for its
+    /// shards' flushes: the generation each shard is folded up to (`None`
+    /// when the run loop is gone).
+    async fn take_cut(
+        &mut self,
+        spans: &mut WrittenSpans,
+    ) -> Result<Option<HashMap<uuid::Uuid, u64>>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         if self.cuts.send(tx).await.is_err() {
-            return Ok(false);
+            return Ok(None);
         }
-        let Ok(cut) = rx.await else { return Ok(false) };
+        let Ok(cut) = rx.await else { return Ok(None) };
         let cut = cut?;
         spans.merge(&cut.spans);
         self.oldest_taken = match (self.oldest_taken, cut.oldest_taken) {
@@ -228,108 +287,88 @@ impl FoldLoop {
                 Err(e) => return Err(e),
             }
         }
-        let mut policies = std::borrow::Cow::Borrowed(&self.policies);
-        let mut defer_rejects = None;
-        if let Some(leader) = &self.leader {
-            let part = *leader.borrow();
-            if !part.folds {
-                // Another member folds these rows, and reports its own
-                // offsets and latency.
-                self.recovered = false;
-                *spans = WrittenSpans::default();
-                self.oldest_taken = None;
-                return Ok(true);
-            }
-            if !self.recovered {
-                super::recover(&self.graph, &self.policies).await?;
-                let delivered =
-                    super::redeliver(&self.graph, &self.dead_letters, &self.stop_delivery).await?;
-                self.delivered = self.delivered.max(delivered);
-                self.recovered = true;
-            }
-            if !part.alone {
-                let grace = 2 * self.interval.max(std::time::Duration::from_secs(1));
-                policies = std::borrow::Cow::Owned(self.policies.deferring_rejects(grace));
-                defer_rejects = Some(grace.as_millis() as u64);
-            }
-            // Every other shard as far as it is flushed: its generations
-            // are complete once listed in its manifest.
-            for table in self.graph.wal_tables() {
-                for bucket in 0..shards::shard_count(&self.graph, &table)? {
-                    limits
-                        .entry(shards::shard_id(&table, bucket))
-                        .or_insert(u64::MAX);
-                }
-            }
-        }
-        let head = self.graph.head().await?;
-        if let Some(mut plan) = plan(
-            &self.graph,
-            &policies,
-            &head,
-            &Some(limits),
-            spans,
-            &self.actor,
-        )
-        .await?
-        {
-            plan.dead_letters_delivered = plan.dead_letters_delivered.max(self.delivered);
-            // Recorded in every table commit, so a roll-forward (`recover`,
-            // by this member or the next folder) checks as this fold does.
-            plan.defer_rejects_ms = defer_rejects;
-            crate::types::raise_offsets(&mut plan.dead_letter_since, &self.dead_letters.seen());
-            let Folded {
-                commit,
-                rejects,
-                stages: t,
-            } = execute(&self.graph, &policies, &plan).await?;
+        Ok(Some(limits))
+    }
+
+    /// Under partition sharding, this member's part in the fold: `None`
+    /// when another member folds (the cut's offsets are then its to
+    /// report); else whether rejects wait a grace for other members'
+    /// unflushed rows. The folding member recovers and re-delivers once,
+    /// and folds every other shard as far as it is flushed.
+    async fn take_part(
+        &mut self,
+        limits: &mut HashMap<uuid::Uuid, u64>,
+        spans: &mut WrittenSpans,
+    ) -> Result<Option<Option<std::time::Duration>>> {
+        let Some(leader) = &self.leader else {
+            return Ok(Some(None));
+        };
+        let part = *leader.borrow();
+        if !part.folds {
+            // Another member folds these rows, and reports its own
+            // offsets and latency.
+            self.recovered = false;
             *spans = WrittenSpans::default();
-            // Published first, then produced: a crash in between re-delivers
-            // on the next start, skipping what reached the topic (once per
-            // reject_id).
-            failpoints::hit(failpoints::FOLD_BEFORE_DEAD_LETTERS)?;
-            if commit.seq > self.delivered + 1 {
-                // Another folder published between this one's last
-                // delivered commit and this one (a hand-off: a member that
-                // was frozen while folding published after this member
-                // became the folder). Its fold rejects may be on no topic:
-                // this folder's init fenced its producer and aborted its
-                // transaction. Deliver every commit past the mark, this one
-                // included, before claiming them delivered (the chaos
-                // `members` phase lost such a commit's rejects).
-                self.delivered =
-                    super::redeliver(&self.graph, &self.dead_letters, &self.stop_delivery).await?;
-            }
-            if !rejects.is_empty() {
-                self.dead_letters
-                    .deliver(
-                        &rejects,
-                        Some(&commit.dead_letter_since),
-                        &self.stop_delivery,
-                    )
-                    .await?;
-                failpoints::hit(failpoints::FOLD_BEFORE_DELIVERED_MARK)?;
-                self.graph.set_dead_letters_delivered(commit.seq).await?;
-            }
-            // Every earlier commit's rejects went out before this fold.
-            self.delivered = commit.seq;
-            let oldest = self.oldest_taken.take();
-            self.report
-                .published(
-                    &self.graph,
-                    &commit,
-                    &rejects,
-                    started.elapsed(),
-                    oldest,
-                    &t,
-                )
-                .await;
-            let _ = self.published.send(Some(commit));
-            if let Some(r) = &mut self.retention {
-                r.after_publish(&self.graph).await;
+            self.oldest_taken = None;
+            return Ok(None);
+        }
+        if !self.recovered {
+            super::recover(&self.graph, &self.policies).await?;
+            let delivered =
+                super::redeliver(&self.graph, &self.dead_letters, &self.stop_delivery).await?;
+            self.delivered = self.delivered.max(delivered);
+            self.recovered = true;
+        }
+        let grace = (!part.alone).then(|| 2 * self.interval.max(std::time::Duration::from_secs(1)));
+        // Every other shard as far as it is flushed: its generations
+        // are complete once listed in its manifest.
+        for table in self.graph.wal_tables() {
+            for bucket in 0..shards::shard_count(&self.graph, &table)? {
+                limits
+                    .entry(shards::shard_id(&table, bucket))
+                    .or_insert(u64::MAX);
             }
         }
-        Ok(true)
+        Ok(Some(grace))
+    }
+
+    /// Hands a published fold's rejects to the dead-letter topic and marks
+    /// its commit delivered.
+    async fn deliver(
+        &mut self,
+        commit: &GraphCommit,
+        rejects: &[crate::rejects::Reject],
+    ) -> Result<()> {
+        // Published first, then produced: a crash in between re-delivers
+        // on the next start, skipping what reached the topic (once per
+        // reject_id).
+        failpoints::hit(failpoints::FOLD_BEFORE_DEAD_LETTERS)?;
+        if commit.seq > self.delivered + 1 {
+            // Another folder published between this one's last
+            // delivered commit and this one (a hand-off: a member that
+            // was frozen while folding published after this member
+            // became the folder). Its fold rejects may be on no topic:
+            // this folder's init fenced its producer and aborted its
+            // transaction. Deliver every commit past the mark, this one
+            // included, before claiming them delivered (the chaos
+            // `members` phase lost such a commit's rejects).
+            self.delivered =
+                super::redeliver(&self.graph, &self.dead_letters, &self.stop_delivery).await?;
+        }
+        if !rejects.is_empty() {
+            self.dead_letters
+                .deliver(
+                    rejects,
+                    Some(&commit.dead_letter_since),
+                    &self.stop_delivery,
+                )
+                .await?;
+            failpoints::hit(failpoints::FOLD_BEFORE_DELIVERED_MARK)?;
+            self.graph.set_dead_letters_delivered(commit.seq).await?;
+        }
+        // Every earlier commit's rejects went out before this fold.
+        self.delivered = commit.seq;
+        Ok(())
     }
 }
 

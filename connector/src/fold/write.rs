@@ -17,10 +17,11 @@ use lance::dataset::{
 };
 use lance::Dataset;
 use lance_index::mem_wal::CompactedSsTable;
+use lance_table::format::Fragment;
 use serde::{Deserialize, Serialize};
 
 use super::checks::Change;
-use super::keys::{follow_compaction, kept_ids, tags};
+use super::keys::{follow_compaction, known_ids_at, tags};
 use super::plan::{FoldPlan, TablePlan};
 use super::read::ReadSet;
 use super::rows::{pk_of, strings};
@@ -102,13 +103,14 @@ fn stamp_commit(rows: &RecordBatch, commit_id: &str) -> Result<RecordBatch> {
 /// checks are done).
 pub(crate) async fn write_all(
     graph: &Graph,
+    known: &KnownIds,
     plan: &FoldPlan,
     changes: BTreeMap<String, Change>,
 ) -> Result<Outcomes> {
     let mut outcomes = Outcomes::new();
     for (table, change) in changes {
         let tp = plan.tables.iter().find(|t| t.table == table);
-        let outcome = write_table(graph, plan, &table, tp, change).await?;
+        let outcome = write_table(graph, known, plan, &table, tp, change).await?;
         outcomes.insert(table, outcome);
     }
     Ok(outcomes)
@@ -123,11 +125,36 @@ struct TableWrite<'a> {
     markers: Vec<CompactedSsTable>,
 }
 
-/// What an addressed write did to the table's kept ids.
+/// What an addressed write did to the table's known ids.
 struct Moved {
     /// Upserted ids with their tags (`keys::tags`) and new addresses.
     added: Vec<(String, u64, u64)>,
     removed: Vec<String>,
+}
+
+/// What an addressed write replaces: see `TableWrite::replaced`.
+struct Replaced<'c> {
+    /// Row address → the id it holds, of every row replaced or deleted.
+    gone: BTreeMap<u64, &'c str>,
+    /// How many of those the deletes name.
+    deleted: u64,
+    /// Upserted ids with their tags (addresses 0 until written).
+    added: Vec<(String, u64, u64)>,
+}
+
+/// The addresses of `written`'s rows in the fragments not in `before`: an
+/// addressed write's upserts, in order.
+fn new_addresses(written: &Dataset, before: &HashSet<u64>) -> Vec<u64> {
+    let mut addrs = Vec::new();
+    for f in written.get_fragments() {
+        let id = f.id() as u64;
+        if before.contains(&id) {
+            continue;
+        }
+        let n = f.metadata().physical_rows.unwrap_or_default() as u64;
+        addrs.extend((0..n).map(|i| (id << 32) | i));
+    }
+    addrs
 }
 
 /// Writes one table's change; the last pass carries the compacted markers
@@ -135,6 +162,7 @@ struct Moved {
 /// is committed is not written again.
 async fn write_table(
     graph: &Graph,
+    known: &KnownIds,
     plan: &FoldPlan,
     table: &str,
     tp: Option<&TablePlan>,
@@ -149,32 +177,18 @@ async fn write_table(
         done.version = ds.version().version;
         return Ok(done);
     }
-    let w = TableWrite {
-        table,
-        store: graph.store(),
-        pk: pk_of(&graph.schema, table)?,
-        plan_json: serde_json::to_string(plan).expect("serializable"),
-        markers: tp
-            .map(|tp| {
-                tp.shards
-                    .iter()
-                    .map(|s| CompactedSsTable::new(s.shard, s.upto))
-                    .collect()
-            })
-            .unwrap_or_default(),
-    };
+    let w = TableWrite::new(graph, plan, table, tp)?;
     let ds = Arc::new(ds);
     if let Some(rows) = change.replace {
         return w.overwrite(ds, rows).await;
     }
     let from = ds.version().version;
-    let kept = if w.pk == ID {
-        kept_ids(graph, table, from).await?
+    let set = if w.pk == ID {
+        known_ids_at(graph, known, table, from).await?
     } else {
         None
     };
-    let known = &graph.known_ids;
-    let addressed = match &kept {
+    let addressed = match &set {
         Some(set) => w.addressed(ds.clone(), known, set, &change).await?,
         None => None,
     };
@@ -187,35 +201,13 @@ async fn write_table(
         }
         None => (w.merge(ds, change).await?, None),
     };
-    // The set's one holder is then the kept map, so `advance` moves it in
+    // The set's one holder is then the known ids, so `advance` moves it in
     // place instead of copying every id.
-    drop(kept);
+    drop(set);
     let written = ds.clone();
     let ds = w.compact(ds).await?;
-    // The kept ids move with the one commit made from them, then over the
-    // fold's own compaction; a merge-insert (row addresses unknown) or a
-    // commit of someone else's in between leaves them behind: forgotten,
-    // and rescanned by the next fold that needs them.
-    match moved {
-        Some(m) if written.version().version == from + 1 => {
-            known.advance(
-                table,
-                from,
-                from + 1,
-                m.added.iter().map(|(id, tag, a)| (id.as_str(), *tag, *a)),
-                m.removed.iter().map(String::as_str),
-            );
-            let to = ds.version().version;
-            if to > from + 1 {
-                if only_ours(&ds, from + 2, to, &plan.commit_id).await? {
-                    follow_compaction(graph, table, &written, &ds).await?;
-                } else {
-                    known.forget(table);
-                }
-            }
-        }
-        _ => known.forget(table),
-    }
+    let moved = moved.filter(|_| written.version().version == from + 1);
+    move_known(graph, known, plan, table, moved, &written, &ds).await?;
     // Sum every pass of this plan, including passes of a crashed attempt.
     let mut outcome = committed_outcome(&ds, &plan.commit_id)
         .await?
@@ -224,7 +216,68 @@ async fn write_table(
     Ok(outcome)
 }
 
-impl TableWrite<'_> {
+/// Moves `table`'s known ids with the one commit made from them (to
+/// `written`, one version on), then over the fold's own compaction (to
+/// `ds`); a merge-insert (row addresses unknown) or a commit of someone
+/// else's in between (`moved` is then `None`) leaves them behind:
+/// forgotten, and rescanned by the next fold that needs them.
+async fn move_known(
+    graph: &Graph,
+    known: &KnownIds,
+    plan: &FoldPlan,
+    table: &str,
+    moved: Option<Moved>,
+    written: &Dataset,
+    ds: &Dataset,
+) -> Result<()> {
+    let from = written.version().version - 1;
+    let Some(m) = moved else {
+        known.forget(table);
+        return Ok(());
+    };
+    known.advance(
+        table,
+        from,
+        from + 1,
+        m.added.iter().map(|(id, tag, a)| (id.as_str(), *tag, *a)),
+        m.removed.iter().map(String::as_str),
+    );
+    let to = ds.version().version;
+    if to > from + 1 {
+        if only_ours(ds, from + 2, to, &plan.commit_id).await? {
+            follow_compaction(graph, known, table, written, ds).await?;
+        } else {
+            known.forget(table);
+        }
+    }
+    Ok(())
+}
+
+impl<'a> TableWrite<'a> {
+    /// The write of `table` for `plan`, whose last pass carries the
+    /// compacted markers of the plan's shards of it (`tp`).
+    fn new(
+        graph: &'a Graph,
+        plan: &FoldPlan,
+        table: &'a str,
+        tp: Option<&TablePlan>,
+    ) -> Result<TableWrite<'a>> {
+        Ok(TableWrite {
+            table,
+            store: graph.store(),
+            pk: pk_of(&graph.schema, table)?,
+            plan_json: serde_json::to_string(plan).expect("serializable"),
+            markers: tp
+                .map(|tp| {
+                    tp.shards
+                        .iter()
+                        .map(|s| CompactedSsTable::new(s.shard, s.upto))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+    }
+
     /// Replaces the table's rows (a `_pending/` table) in one commit.
     async fn overwrite(&self, ds: Arc<Dataset>, rows: RecordBatch) -> Result<TableOutcome> {
         let pass = TableOutcome {
@@ -249,10 +302,10 @@ impl TableWrite<'_> {
         Ok(out)
     }
 
-    /// Deletes and upserts in one commit by the row addresses kept for the
+    /// Deletes and upserts in one commit by the row addresses known for the
     /// table's ids: each replaced or deleted row gets a deletion-vector bit,
     /// the upserts a new fragment (what merge-insert commits, without its
-    /// hash join over every key of the table). `None` when the kept
+    /// hash join over every key of the table). `None` when the known
     /// addresses do not hold the ids they should: a bug, never a guess.
     async fn addressed(
         &self,
@@ -262,90 +315,19 @@ impl TableWrite<'_> {
         change: &Change,
     ) -> Result<Option<(Arc<Dataset>, Option<Moved>)>> {
         let upserts = change.upserts.as_ref().filter(|u| u.num_rows() > 0);
-        let mut gone: BTreeMap<u64, &str> = BTreeMap::new();
-        for id in &change.deletes {
-            if let Some(a) = known.addr(set, id) {
-                gone.insert(a, id);
-            }
-        }
-        let deleted = gone.len() as u64;
-        let mut added = Vec::new();
-        if let Some(rows) = upserts {
-            let ids = strings(rows, ID)?;
-            let tags = tags(known, set.kind(), rows)?;
-            for (i, tag) in tags.into_iter().enumerate() {
-                if !ids.is_valid(i) {
-                    return Err(Error::Corrupt(format!("{}: a row without id", self.table)));
-                }
-                let id = ids.value(i);
-                if let Some(a) = known.addr(set, id) {
-                    gone.insert(a, id);
-                }
-                added.push((id.to_string(), tag, 0u64));
-            }
-        }
+        let Replaced {
+            gone,
+            deleted,
+            added,
+        } = self.replaced(known, set, change, upserts)?;
         let clock = std::time::Instant::now();
         if !self.holds(&ds, &gone).await? {
             return Ok(None);
         }
         let take_s = clock.elapsed().as_secs_f64();
-        let new_fragments = match upserts {
-            Some(rows) => {
-                let params = self.store.write_params(WriteMode::Append);
-                let txn = InsertBuilder::new(ds.clone())
-                    .with_params(&params)
-                    .execute_uncommitted(vec![rows.clone()])
-                    .await
-                    .ctx(format!("write upserts of {}", self.table))?;
-                match txn.operation {
-                    Operation::Append { fragments } => fragments,
-                    op => {
-                        return Err(Error::Corrupt(format!(
-                            "{}: insert staged {op}",
-                            self.table
-                        )))
-                    }
-                }
-            }
-            None => Vec::new(),
-        };
+        let new_fragments = self.stage_upserts(&ds, upserts).await?;
         let insert_s = clock.elapsed().as_secs_f64() - take_s;
-        let mut by_fragment: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for &a in gone.keys() {
-            by_fragment
-                .entry((a >> 32) as u32)
-                .or_default()
-                .push(a as u32);
-        }
-        let (mut updated, mut removed) = (Vec::new(), Vec::new());
-        for (f, offsets) in by_fragment {
-            let frag = ds.get_fragment(f as usize).ok_or_else(|| {
-                Error::Corrupt(format!("{}: no fragment {f} for a kept id", self.table))
-            })?;
-            match frag
-                .extend_deletions(offsets)
-                .await
-                .ctx(format!("delete rows of {}", self.table))?
-            {
-                Some(frag) => updated.push(frag.metadata().clone()),
-                None => removed.push(u64::from(f)),
-            }
-        }
-        let op = Operation::Update {
-            removed_fragment_ids: removed,
-            updated_fragments: updated,
-            new_fragments,
-            fields_modified: vec![],
-            compacted_sstables: self.markers.clone(),
-            fields_for_preserving_frag_bitmap: ds
-                .schema()
-                .fields_pre_order()
-                .map(|f| f.id as u32)
-                .collect(),
-            update_mode: Some(UpdateMode::RewriteRows),
-            inserted_rows_filter: None,
-            updated_fragment_offsets: None,
-        };
+        let op = self.update(&ds, &gone, new_fragments).await?;
         let pass = TableOutcome {
             stats: TableStats {
                 upserted: added.len() as u64,
@@ -372,16 +354,7 @@ impl TableWrite<'_> {
             replaced = gone.len(),
             "written by address"
         );
-        // The upserts' rows, in order, fill the fragments the commit added.
-        let mut addrs = Vec::with_capacity(added.len());
-        for f in written.get_fragments() {
-            let id = f.id() as u64;
-            if before.contains(&id) {
-                continue;
-            }
-            let n = f.metadata().physical_rows.unwrap_or_default() as u64;
-            addrs.extend((0..n).map(|i| (id << 32) | i));
-        }
+        let addrs = new_addresses(&written, &before);
         // Not what was written: `advance` must not file these addresses.
         let moved = (addrs.len() == added.len()).then(|| Moved {
             removed: change.deletes.clone(),
@@ -394,8 +367,117 @@ impl TableWrite<'_> {
         Ok(Some((Arc::new(written), moved)))
     }
 
-    /// Whether the rows at `gone`'s addresses hold the ids kept for them
-    /// (one take of the rows this fold replaces or deletes): kept ids that
+    /// The known addresses `change` replaces or deletes, and its upserts'
+    /// ids with their tags (addresses still to come).
+    fn replaced<'c>(
+        &self,
+        known: &KnownIds,
+        set: &IdSet,
+        change: &'c Change,
+        upserts: Option<&'c RecordBatch>,
+    ) -> Result<Replaced<'c>> {
+        let mut gone: BTreeMap<u64, &str> = BTreeMap::new();
+        for id in &change.deletes {
+            if let Some(a) = known.addr(set, id) {
+                gone.insert(a, id);
+            }
+        }
+        let deleted = gone.len() as u64;
+        let mut added = Vec::new();
+        if let Some(rows) = upserts {
+            let ids = strings(rows, ID)?;
+            let tags = tags(known, set.kind(), rows)?;
+            for (i, tag) in tags.into_iter().enumerate() {
+                if !ids.is_valid(i) {
+                    return Err(Error::Corrupt(format!("{}: a row without id", self.table)));
+                }
+                let id = ids.value(i);
+                if let Some(a) = known.addr(set, id) {
+                    gone.insert(a, id);
+                }
+                added.push((id.to_string(), tag, 0u64));
+            }
+        }
+        Ok(Replaced {
+            gone,
+            deleted,
+            added,
+        })
+    }
+
+    /// The upserts written as new fragments, not yet committed.
+    async fn stage_upserts(
+        &self,
+        ds: &Arc<Dataset>,
+        upserts: Option<&RecordBatch>,
+    ) -> Result<Vec<Fragment>> {
+        let Some(rows) = upserts else {
+            return Ok(Vec::new());
+        };
+        let params = self.store.write_params(WriteMode::Append);
+        let txn = InsertBuilder::new(ds.clone())
+            .with_params(&params)
+            .execute_uncommitted(vec![rows.clone()])
+            .await
+            .ctx(format!("write upserts of {}", self.table))?;
+        match txn.operation {
+            Operation::Append { fragments } => Ok(fragments),
+            op => Err(Error::Corrupt(format!(
+                "{}: insert staged {op}",
+                self.table
+            ))),
+        }
+    }
+
+    /// The one commit's operation: a deletion-vector bit for each row at
+    /// `gone`'s addresses (fragments left empty are removed), and
+    /// `new_fragments` added.
+    async fn update(
+        &self,
+        ds: &Dataset,
+        gone: &BTreeMap<u64, &str>,
+        new_fragments: Vec<Fragment>,
+    ) -> Result<Operation> {
+        let mut by_fragment: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &a in gone.keys() {
+            by_fragment
+                .entry((a >> 32) as u32)
+                .or_default()
+                .push(a as u32);
+        }
+        let (mut updated, mut removed) = (Vec::new(), Vec::new());
+        for (f, offsets) in by_fragment {
+            let frag = ds.get_fragment(f as usize).ok_or_else(|| {
+                Error::Corrupt(format!("{}: no fragment {f} for a known id", self.table))
+            })?;
+            match frag
+                .extend_deletions(offsets)
+                .await
+                .ctx(format!("delete rows of {}", self.table))?
+            {
+                Some(frag) => updated.push(frag.metadata().clone()),
+                None => removed.push(u64::from(f)),
+            }
+        }
+        Ok(Operation::Update {
+            removed_fragment_ids: removed,
+            updated_fragments: updated,
+            new_fragments,
+            fields_modified: vec![],
+            compacted_sstables: self.markers.clone(),
+            fields_for_preserving_frag_bitmap: ds
+                .schema()
+                .fields_pre_order()
+                .map(|f| f.id as u32)
+                .collect(),
+            update_mode: Some(UpdateMode::RewriteRows),
+            inserted_rows_filter: None,
+            updated_fragment_offsets: None,
+        })
+    }
+
+    /// Whether the rows at `gone`'s addresses hold the ids known for them
+    /// (one take of the rows this fold replaces or deletes): known ids that
     /// drifted from the table are forgotten, never used to delete a row.
     async fn holds(&self, ds: &Dataset, gone: &BTreeMap<u64, &str>) -> Result<bool> {
         if gone.is_empty() {
@@ -414,7 +496,7 @@ impl TableWrite<'_> {
                 .enumerate()
                 .all(|(i, id)| ids.is_valid(i) && ids.value(i) == *id);
         if !held {
-            tracing::warn!(table = %self.table, "kept row addresses do not match the table; rescanning");
+            tracing::warn!(table = %self.table, "known row addresses do not match the table; rescanning");
         }
         Ok(held)
     }

@@ -227,7 +227,7 @@ impl Graph {
             return Ok(());
         }
         for (table, &n) in &want.counts {
-            match record.buckets.get(table) {
+            match record.shard_counts.get(table) {
                 Some(&was) if was != n => {
                     return Err(incompatible(format!(
                         "{table} was created with {was} buckets, config asks for {n}"
@@ -337,7 +337,7 @@ mod tests {
             GraphSchema::parse(&format!("{old}\nnode C {{ name: String @key }}"), "x.pg").unwrap();
         let record = SchemaRecord {
             source: old.into(),
-            buckets: BTreeMap::new(),
+            shard_counts: BTreeMap::new(),
             sharding: Sharding::Partition,
             partitions: BTreeMap::from([("p".to_string(), 2)]),
             version: 0,

@@ -83,7 +83,7 @@ impl Graph {
         }
         let record = SchemaRecord {
             source: self.schema.source.clone(),
-            buckets: self.buckets.clone(),
+            shard_counts: self.buckets.clone(),
             sharding: self.layout.sharding,
             partitions: self.layout.partitions.clone(),
             version: 0,
@@ -126,12 +126,12 @@ impl Graph {
         Ok(())
     }
 
-    /// Creates one table; with `buckets`, also its MemWAL index. Shard
+    /// Creates one table; with a shard count, also its MemWAL index. Shard
     /// manifests are the writers' (`shards`), created when a pool opens.
     pub(super) async fn init_table(
         &self,
         layout: &TableLayout,
-        buckets: Option<u32>,
+        shards: Option<u32>,
     ) -> Result<Dataset> {
         let (schema, pk) = (&layout.schema, layout.pk);
         let uri = self.table_uri(&layout.name);
@@ -146,7 +146,7 @@ impl Graph {
             }
             Err(e) => return Err(e).ctx(format!("open {uri}")),
         };
-        let Some(buckets) = buckets else {
+        let Some(shards) = shards else {
             return Ok(ds);
         };
         if ds.mem_wal_index_details().await.ctx(&uri)?.is_none() {
@@ -157,7 +157,7 @@ impl Graph {
             // which no spec expresses: none is recorded for them.
             let builder = ds.initialize_mem_wal();
             let builder = match (self.layout.sharding, layout.name == REJECTS_TABLE) {
-                (Sharding::Bucket, _) => builder.bucket_sharding(pk, buckets),
+                (Sharding::Bucket, _) => builder.bucket_sharding(pk, shards),
                 (Sharding::Partition, false) => builder.identity_sharding(SRC_PARTITION),
                 (Sharding::Partition, true) => builder,
             };

@@ -20,8 +20,11 @@ pub(super) const SCHEMA_ID: &str = "graph_schema";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct SchemaRecord {
     pub(super) source: String,
-    /// Shards per MemWAL table.
-    pub(super) buckets: BTreeMap<String, u32>,
+    /// Shards N per MemWAL table (bucket counts under `bucket`; under
+    /// `partition` the partition counts of `partitions`).
+    // Stored as `buckets` by every graph so far: the name keeps them opening.
+    #[serde(rename = "buckets")]
+    pub(super) shard_counts: BTreeMap<String, u32>,
     /// Absent in graphs from before partition sharding: `bucket`.
     #[serde(default)]
     pub(super) sharding: Sharding,
@@ -80,11 +83,11 @@ impl Graph {
         let Some(record) = self.record().await? else {
             return Ok(());
         };
-        self.buckets = record.buckets.clone();
+        self.buckets = record.shard_counts.clone();
         self.schema_version = record.version;
         self.layout = Arc::new(ShardLayout {
             sharding: record.sharding,
-            counts: record.buckets,
+            counts: record.shard_counts,
             partitions: record.partitions,
         });
         Ok(())
@@ -197,4 +200,21 @@ fn buckets_per_table(config: &Config, schema: &GraphSchema) -> Result<BTreeMap<S
         out.insert(t.table.clone(), config.buckets_for(m));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stored name of the shard counts is `buckets`, as every graph
+    /// written so far spells it.
+    #[test]
+    fn the_schema_record_keeps_its_stored_field_names() {
+        let stored = r#"{"source":"node P { name: String @key }","buckets":{"nodes/P":4}}"#;
+        let record: SchemaRecord = serde_json::from_str(stored).unwrap();
+        assert_eq!(record.shard_counts["nodes/P"], 4);
+        assert_eq!(record.sharding, Sharding::Bucket);
+        let again = serde_json::to_value(&record).unwrap();
+        assert_eq!(again["buckets"]["nodes/P"], 4);
+    }
 }

@@ -48,8 +48,8 @@ impl Graph {
         // The tables the head pins existed before this change.
         let pinned = self.head().await?.tables;
         for layout in ev.schema.tables() {
-            let buckets = ev.layout.counts.get(&layout.name).copied();
-            if buckets.is_none() && wal_tables.contains(&layout.name) {
+            let shards = ev.layout.counts.get(&layout.name).copied();
+            if shards.is_none() && wal_tables.contains(&layout.name) {
                 return Err(Error::config(format!(
                     "the new table {} needs its shard count: under partition sharding that is \
                      its topics' partition count, which graphsink run (or migrate) reads from \
@@ -59,7 +59,7 @@ impl Graph {
             }
             let ds = match pinned.contains_key(&layout.name) {
                 true => self.alter_table(&layout.name, &layout.schema).await?,
-                false => self.init_table(&layout, buckets).await?,
+                false => self.init_table(&layout, shards).await?,
             };
             failpoints::hit(failpoints::MIGRATE_AFTER_TABLE)?;
             versions.insert(layout.name.clone(), ds.version().version);
@@ -68,7 +68,7 @@ impl Graph {
         failpoints::hit(failpoints::MIGRATE_BEFORE_COMMIT)?;
         let new_record = SchemaRecord {
             source: ev.schema.source.clone(),
-            buckets: merged_counts(&record, &ev.layout.counts),
+            shard_counts: merged_counts(&record, &ev.layout.counts),
             sharding: record.sharding,
             partitions: if ev.layout.partitions.is_empty() {
                 record.partitions.clone()
@@ -202,7 +202,7 @@ impl Graph {
 /// from the config, and under `partition` the rejects table's (one shard
 /// per mapped topic partition, new topics included).
 fn merged_counts(record: &SchemaRecord, want: &BTreeMap<String, u32>) -> BTreeMap<String, u32> {
-    let mut out = record.buckets.clone();
+    let mut out = record.shard_counts.clone();
     for (t, &n) in want {
         let rejects = t == REJECTS_TABLE && record.sharding == crate::config::Sharding::Partition;
         if rejects || !out.contains_key(t) {

@@ -25,7 +25,6 @@ use lance::Dataset;
 
 use crate::config::Config;
 use crate::error::{Context, Error, Result};
-use crate::known_ids::KnownIds;
 use crate::schema::{GraphSchema, MANIFEST_TABLE};
 use crate::store::Store;
 
@@ -46,8 +45,6 @@ pub struct Graph {
     pub(crate) buckets: BTreeMap<String, u32>,
     /// The mode, and the topics' partition counts under `partition`.
     pub(crate) layout: Arc<ShardLayout>,
-    /// Node ids the fold keeps between folds (shared by clones).
-    pub(crate) known_ids: Arc<KnownIds>,
     /// The schema version `schema` is (0: the one the graph was created
     /// with; each schema commit adds one).
     pub(crate) schema_version: u32,
@@ -93,7 +90,6 @@ impl Graph {
             schema: Arc::new(schema),
             buckets: layout.counts.clone(),
             layout: Arc::new(layout),
-            known_ids: Arc::new(KnownIds::new(config.fold.known_ids_max)),
             schema_version: 0,
             evolving: None,
         };
@@ -132,7 +128,6 @@ impl Graph {
             }),
             buckets: BTreeMap::new(),
             layout: Default::default(),
-            known_ids: Arc::new(KnownIds::new(0)),
             schema_version: 0,
             evolving: None,
         };

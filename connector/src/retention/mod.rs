@@ -161,8 +161,25 @@ pub(crate) async fn collect(
             .collect(),
     };
     let wal_tables = wal_tables(graph, &head).await?;
+    collect_wal(graph, &wal_tables, dry_run, &mut report).await?;
+    failpoints::hit(failpoints::GC_AFTER_WAL)?;
+    let covered = trim_generations(graph, &head, &wal_tables, live, dry_run, &mut report).await?;
+    failpoints::hit(failpoints::GC_AFTER_TRIM)?;
+    collect_generations(graph, &covered, dry_run, &mut report).await?;
+    failpoints::hit(failpoints::GC_AFTER_GENERATIONS)?;
+    collect_versions(graph, &head, &retained, dry_run, &mut report).await?;
+    failpoints::hit(failpoints::GC_AFTER_VERSIONS)?;
+    Ok(report)
+}
 
-    for t in &wal_tables {
+/// Step 1: each shard's WAL entries below its replay mark.
+async fn collect_wal(
+    graph: &Graph,
+    wal_tables: &[WalTable],
+    dry_run: bool,
+    report: &mut GcReport,
+) -> Result<()> {
+    for t in wal_tables {
         let ds = graph.open_table(&t.table, None).await?;
         for &shard in &t.shards {
             let removed = wal::collect(&ds, shard, dry_run).await?;
@@ -174,10 +191,22 @@ pub(crate) async fn collect(
                 .add(removed);
         }
     }
-    failpoints::hit(failpoints::GC_AFTER_WAL)?;
+    Ok(())
+}
 
+/// Step 2: each shard's manifest stops naming the generations the head's
+/// compacted markers cover (and, unless a dry run, its old manifests pruned);
+/// returns the (table, shard, marker) whose directories may go.
+async fn trim_generations(
+    graph: &Graph,
+    head: &GraphCommit,
+    wal_tables: &[WalTable],
+    live: &LiveShards,
+    dry_run: bool,
+    report: &mut GcReport,
+) -> Result<Vec<(String, uuid::Uuid, u64)>> {
     let mut covered = Vec::new();
-    for t in &wal_tables {
+    for t in wal_tables {
         let pinned = graph
             .open_table(&t.table, Some(head.tables[&t.table]))
             .await?;
@@ -199,9 +228,17 @@ pub(crate) async fn collect(
             }
         }
     }
-    failpoints::hit(failpoints::GC_AFTER_TRIM)?;
+    Ok(covered)
+}
 
-    for (table, shard, marker) in &covered {
+/// Step 3: the generation directories no trimmed manifest names.
+async fn collect_generations(
+    graph: &Graph,
+    covered: &[(String, uuid::Uuid, u64)],
+    dry_run: bool,
+    report: &mut GcReport,
+) -> Result<()> {
+    for (table, shard, marker) in covered {
         let ds = graph.open_table(table, None).await?;
         let removed = generations::collect(&ds, *shard, *marker, dry_run).await?;
         report
@@ -211,9 +248,19 @@ pub(crate) async fn collect(
             .generations
             .add(removed);
     }
-    failpoints::hit(failpoints::GC_AFTER_GENERATIONS)?;
+    Ok(())
+}
 
-    let plan = versions::plan(&head, &retained);
+/// Step 4: the Lance versions no retained graph commit pins (Lance's
+/// cleanup), of every table and of `__manifest`.
+async fn collect_versions(
+    graph: &Graph,
+    head: &GraphCommit,
+    retained: &[&GraphCommit],
+    dry_run: bool,
+    report: &mut GcReport,
+) -> Result<()> {
+    let plan = versions::plan(head, retained);
     let mut first = true;
     for (table, keep) in &plan {
         let removed = versions::collect(graph, table, keep, dry_run).await?;
@@ -227,8 +274,7 @@ pub(crate) async fn collect(
             failpoints::hit(failpoints::GC_VERSIONS_PARTIAL)?;
         }
     }
-    failpoints::hit(failpoints::GC_AFTER_VERSIONS)?;
-    Ok(report)
+    Ok(())
 }
 
 /// The graph's tables that have a MemWAL, with their shards.

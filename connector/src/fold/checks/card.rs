@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use arrow::array::RecordBatch;
 
 use super::view::CardBase;
-use super::{Rejection, Violation};
+use super::Rejection;
 use crate::error::Result;
 use crate::fold::rows::strings;
-use crate::rejects::RejectCode;
+use crate::rejects::{RefusedRow, RejectCode};
 use crate::schema::{EdgeEnds, GraphType, Provenance, ID};
 
 /// What `@card` decided for one edge table.
@@ -22,7 +22,7 @@ pub(crate) struct CardOutcome {
     /// The explicit deletes it refuses.
     pub refused: Vec<Rejection>,
     /// Rows of the checked batch past `max`.
-    pub over: Vec<Violation>,
+    pub over: Vec<RefusedRow>,
 }
 
 /// Edges per `src` at the base, as this fold changes them.
@@ -113,7 +113,7 @@ fn over_max(
     max: u32,
     rows: &RecordBatch,
     counts: &mut Counts,
-) -> Result<Vec<Violation>> {
+) -> Result<Vec<RefusedRow>> {
     let (ids, srcs) = (strings(rows, ID)?, strings(rows, "src")?);
     let prov = Provenance::of(rows)?;
     let mut order: Vec<usize> = (0..rows.num_rows()).collect();
@@ -127,7 +127,11 @@ fn over_max(
         let c = counts.count.entry(src.to_string()).or_default();
         if *c >= max as u64 {
             let message = format!("{card}: src {src:?} already has {c} edge(s) of {}", ty.name);
-            over.push(Violation { index: i, message });
+            over.push(RefusedRow {
+                row: i,
+                code: RejectCode::Cardinality,
+                message,
+            });
             continue;
         }
         *c += 1;

@@ -15,8 +15,8 @@ use super::{Change, Ctx, FoldNodes, Rejection};
 use crate::config::EndpointPolicy;
 use crate::error::{Context, Result};
 use crate::fold::policy::TypePolicy;
-use crate::fold::rows::{drop_rows, rows_of, str_at, RowRef};
-use crate::rejects::RejectCode;
+use crate::fold::rows::{rows_of, str_at, RowRef};
+use crate::rejects::{refuse_rows, RejectCode};
 use crate::schema::{pending_schema, pending_table, EdgeEnds, GraphType, ID};
 
 /// What the checks decided for one edge table.
@@ -111,13 +111,9 @@ fn constrain(
     };
     let mut upserts = resolved;
     if let Some(resolved) = &upserts {
-        let upsert = |index, code, message| Rejection::upsert(ty, resolved, index, code, message);
-        let mut dropped: BTreeSet<usize> = card.over.iter().map(|v| v.index).collect();
-        out.rejections.extend(
-            card.over
-                .into_iter()
-                .map(|v| upsert(v.index, RejectCode::Cardinality, v.message)),
-        );
+        // `@card` first; a row over it is refused once, for that.
+        let mut dropped: BTreeSet<usize> = card.over.iter().map(|v| v.row).collect();
+        let mut bad = card.over;
         let all_deletes: Vec<String> = card.deletes.iter().chain(&cascaded).cloned().collect();
         let held = ctx
             .view
@@ -126,13 +122,14 @@ fn constrain(
             .map(Vec::as_slice)
             .unwrap_or_default();
         for v in unique_violations(ty, resolved, &all_deletes, held)? {
-            if dropped.insert(v.index) {
-                out.rejections
-                    .push(upsert(v.index, RejectCode::Unique, v.message));
+            if dropped.insert(v.row) {
+                bad.push(v);
             }
         }
-        if !dropped.is_empty() {
-            upserts = Some(drop_rows(resolved, dropped.into_iter())?);
+        if !bad.is_empty() {
+            let refused = refuse_rows(resolved, bad, |v| Rejection::of_row(ty, resolved, v))?;
+            out.rejections.extend(refused.refused);
+            upserts = Some(refused.kept);
         }
     }
     out.upserts = upserts;

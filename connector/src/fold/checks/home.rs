@@ -13,7 +13,7 @@ use super::Rejection;
 use crate::error::{Context, Result};
 use crate::fold::read::Read;
 use crate::fold::rows::{drop_rows, strings};
-use crate::rejects::RejectCode;
+use crate::rejects::{refuse_rows, RefusedRow, RejectCode};
 use crate::schema::{GraphType, Provenance, ID};
 
 /// The read keeps, per id, the newest row of the lowest partition it met
@@ -77,6 +77,14 @@ pub(super) fn rehome(r: &Read, homes: &HashMap<String, u32>) -> Result<Option<Re
             .map(|b| pick(b, &down_up.iter().copied().collect()))
             .transpose()?,
     )?;
+    swap_deletes(r, &mut out, down_del, &del_idx)?;
+    Ok(Some(out))
+}
+
+/// The deletes of `rehome`: `r`'s kept deletes at `down` step down to
+/// conflicts, its conflicting deletes at `up` (from their id's home) are
+/// kept instead; into `out`.
+fn swap_deletes(r: &Read, out: &mut Read, down: HashSet<usize>, up: &HashSet<usize>) -> Result<()> {
     if r.delete_shards.len() != r.deletes.len() {
         return Err(crate::error::Error::Corrupt(format!(
             "{} deletes with {} shards",
@@ -85,27 +93,27 @@ pub(super) fn rehome(r: &Read, homes: &HashMap<String, u32>) -> Result<Option<Re
         )));
     }
     let shard = |i: usize| r.delete_shards[i];
-    let stay = |i: &usize| !down_del.contains(i);
+    let stay = |i: &usize| !down.contains(i);
     let (mut deletes, mut shards): (Vec<String>, Vec<u32>) = (0..r.deletes.len())
         .filter(stay)
         .map(|i| (r.deletes[i].clone(), shard(i)))
         .unzip();
     let mut conflicts = Vec::new();
     for (j, d) in r.conflicts.deletes.iter().enumerate() {
-        if del_idx.contains(&j) {
+        if up.contains(&j) {
             deletes.push(d.0.clone());
             shards.push(d.1);
         } else {
             conflicts.push(d.clone());
         }
     }
-    let mut down: Vec<usize> = down_del.into_iter().collect();
+    let mut down: Vec<usize> = down.into_iter().collect();
     down.sort_unstable();
     conflicts.extend(down.into_iter().map(|i| (r.deletes[i].clone(), shard(i))));
     out.deletes = deletes;
     out.delete_shards = shards;
     out.conflicts.deletes = conflicts;
-    Ok(Some(out))
+    Ok(())
 }
 
 /// The rows of `rows` at `idx`, in row order.
@@ -144,7 +152,6 @@ pub(super) fn off_home(
 ) -> Result<Option<(Read, Vec<Rejection>)>> {
     const WHY: &str = "under wal.sharding = \"partition\" one id must always arrive on one \
         partition (producers key by the id, with one partitioner); the committed row stays";
-    let mut refused = Vec::new();
     let mut upserts_off = Vec::new();
     if let Some(rows) = &r.upserts {
         let ids = strings(rows, ID)?;
@@ -159,10 +166,19 @@ pub(super) fn off_home(
                      partition {}; {WHY}",
                     parts.value(i)
                 );
-                refused.push(Rejection::upsert(ty, rows, i, RejectCode::ShardConflict, m));
-                upserts_off.push(i);
+                upserts_off.push(RefusedRow {
+                    row: i,
+                    code: RejectCode::ShardConflict,
+                    message: m,
+                });
             }
         }
+    }
+    let (mut refused, mut left) = (Vec::new(), None);
+    if let Some(rows) = r.upserts.as_ref().filter(|_| !upserts_off.is_empty()) {
+        let off = refuse_rows(rows, upserts_off, |v| Rejection::of_row(ty, rows, v))?;
+        refused = off.refused;
+        left = Some((off.kept.num_rows() > 0).then_some(off.kept));
     }
     let mut deletes_off = HashSet::new();
     for (i, id) in r.deletes.iter().enumerate() {
@@ -184,11 +200,8 @@ pub(super) fn off_home(
         return Ok(None);
     }
     let mut kept = r.clone();
-    if let Some(rows) = &r.upserts {
-        if !upserts_off.is_empty() {
-            let left = drop_rows(rows, upserts_off.into_iter())?;
-            kept.upserts = (left.num_rows() > 0).then_some(left);
-        }
+    if let Some(left) = left {
+        kept.upserts = left;
     }
     if !deletes_off.is_empty() {
         let keep = |i: &usize| !deletes_off.contains(i);

@@ -26,7 +26,7 @@ use super::policy::Policies;
 use super::read::{Read, ReadSet};
 use super::rows::{str_at, strings, RowRef};
 use crate::error::Result;
-use crate::rejects::{FoldRefusal, Reject, RejectCode};
+use crate::rejects::{FoldRefusal, RefusedRow, Reject, RejectCode};
 use crate::schema::{pending_table, row_json, GraphSchema, GraphType, Provenance, ID};
 
 pub(crate) use view::{read_view, BaseView};
@@ -67,14 +67,12 @@ pub(crate) enum Refused {
     },
 }
 
-/// A row of a checked batch that a check refuses, and the message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Violation {
-    pub index: usize,
-    pub message: String,
-}
-
 impl Rejection {
+    /// The refusal of row `r.row` of `rows`.
+    fn of_row(ty: &GraphType, rows: &RecordBatch, r: RefusedRow) -> Self {
+        Self::upsert(ty, rows, r.row, r.code, r.message)
+    }
+
     fn upsert(
         ty: &GraphType,
         rows: &RecordBatch,

@@ -10,8 +10,8 @@ use super::{Change, Ctx, Rejection};
 use crate::config::DeletePolicy;
 use crate::error::Result;
 use crate::fold::read::Read;
-use crate::fold::rows::{drop_rows, id_set};
-use crate::rejects::RejectCode;
+use crate::fold::rows::id_set;
+use crate::rejects::{refuse_rows, RejectCode};
 use crate::schema::GraphType;
 
 /// What the checks decided for one node table.
@@ -45,13 +45,10 @@ pub(crate) fn check_node_table(ctx: &Ctx<'_>, ty: &GraphType, r: &Read) -> Resul
             .unwrap_or_default();
         let bad = unique_violations(ty, rows, &r.deletes, base)?;
         if !bad.is_empty() {
-            for v in &bad {
-                let rej =
-                    Rejection::upsert(ty, rows, v.index, RejectCode::Unique, v.message.clone());
-                out.rejections.push(rej);
-            }
-            out.change.rejected += bad.len() as u64;
-            upserts = Some(drop_rows(rows, bad.iter().map(|v| v.index))?);
+            let refused = refuse_rows(rows, bad, |v| Rejection::of_row(ty, rows, v))?;
+            out.change.rejected += refused.refused.len() as u64;
+            out.rejections.extend(refused.refused);
+            upserts = Some(refused.kept);
         }
     }
     let mut deletes = r.deletes.clone();

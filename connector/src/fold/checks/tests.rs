@@ -6,7 +6,8 @@ use std::collections::{HashMap, HashSet};
 use arrow::array::RecordBatch;
 use serde_json::{json, Value};
 
-use super::view::{Held, Link, Pending};
+use super::unique::Held;
+use super::view::{Link, Pending};
 use super::*;
 use crate::config::{DeletePolicy, EndpointPolicy};
 use crate::fold::policy::TypePolicy;

@@ -6,11 +6,17 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
 
-use super::view::Held;
-use super::Violation;
 use crate::error::{Error, Result};
 use crate::fold::rows::strings;
+use crate::rejects::{RefusedRow, RejectCode};
 use crate::schema::{canonical_ids, GraphType, Provenance, ID};
+
+/// A committed row holding a `@unique` tuple.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub tuple: String,
+    pub id: String,
+}
 
 /// Rows of `rows` whose `@unique` tuple another row holds, by row index;
 /// the message names the first constraint each breaks. `base` holds the
@@ -20,7 +26,7 @@ pub(crate) fn unique_violations(
     rows: &RecordBatch,
     deletes: &[String],
     base: &[Vec<Held>],
-) -> Result<Vec<Violation>> {
+) -> Result<Vec<RefusedRow>> {
     let mut bad: BTreeMap<usize, String> = BTreeMap::new();
     if ty.constraints.uniques.is_empty() {
         return Ok(vec![]);
@@ -73,7 +79,11 @@ pub(crate) fn unique_violations(
     }
     Ok(bad
         .into_iter()
-        .map(|(index, message)| Violation { index, message })
+        .map(|(row, message)| RefusedRow {
+            row,
+            code: RejectCode::Unique,
+            message,
+        })
         .collect())
 }
 

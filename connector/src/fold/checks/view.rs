@@ -13,14 +13,14 @@ use arrow::datatypes::UInt64Type;
 use futures::TryStreamExt;
 use lance::dataset::ProjectionRequest;
 
-use super::unique::tuples;
+use super::unique::{tuples, Held};
 use crate::config::Sharding;
 use crate::error::{Context, Error, Result};
-use crate::fold::keys::{homed, kept_ids};
+use crate::fold::keys::{homed, known_ids_at};
 use crate::fold::read::ReadSet;
 use crate::fold::rows::{concat_all, pending_since, read_all, scan_each, strings, FastSet};
 use crate::graph::Graph;
-use crate::known_ids::{Hasher as KeptHasher, Kind};
+use crate::known_ids::{Hasher as KnownHasher, Kind, KnownIds};
 
 use crate::schema::{
     pending_table, EdgeEnds, GraphSchema, GraphType, Provenance, ID, SRC_PARTITION,
@@ -82,13 +82,6 @@ impl From<Vec<Link>> for CardBase {
     }
 }
 
-/// A committed row holding a `@unique` tuple.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Held {
-    pub tuple: String,
-    pub id: String,
-}
-
 /// The deferred edges of one edge table, in its `_pending/` table's order.
 #[derive(Debug, Clone)]
 pub(crate) struct Pending {
@@ -109,12 +102,14 @@ impl BaseView {
 /// checks of `read` (plus the retried deferred edges) need.
 pub(crate) async fn read_view(
     graph: &Graph,
+    known: &KnownIds,
     base: &BTreeMap<String, u64>,
     retry_pending: &[String],
     read: &ReadSet,
 ) -> Result<BaseView> {
     let mut r = ViewReader {
         graph,
+        known,
         base,
         read,
         view: BaseView::default(),
@@ -133,7 +128,7 @@ pub(crate) async fn read_view(
     }
     for (table, ids) in std::mem::take(&mut r.wanted) {
         if let Some(v) = r.at(&table) {
-            let found = existing_ids(graph, &table, v, &ids).await?;
+            let found = existing_ids(graph, known, &table, v, &ids).await?;
             r.view.node_ids.insert(table, found);
         }
     }
@@ -146,6 +141,7 @@ pub(crate) async fn read_view(
 /// The state of one `read_view`.
 struct ViewReader<'a> {
     graph: &'a Graph,
+    known: &'a KnownIds,
     base: &'a BTreeMap<String, u64>,
     read: &'a ReadSet,
     view: BaseView,
@@ -161,7 +157,7 @@ impl ViewReader<'_> {
     }
 
     /// The committed rows' partitions of the ids each node table of the
-    /// read writes or deletes, from the kept ids (a scan fills them once).
+    /// read writes or deletes, from the known ids (a scan fills them once).
     async fn homes(&mut self) -> Result<()> {
         for ty in self.graph.schema.nodes() {
             let (Some(r), Some(v)) = (self.read.get(&ty.table), self.at(&ty.table)) else {
@@ -174,7 +170,7 @@ impl ViewReader<'_> {
             if ids.is_empty() {
                 continue;
             }
-            let homes = lookup_ids(self.graph, &ty.table, v, &ids)
+            let homes = lookup_ids(self.graph, self.known, &ty.table, v, &ids)
                 .await?
                 .into_iter()
                 .filter_map(|(id, home)| Some((id, home?)))
@@ -230,84 +226,101 @@ impl ViewReader<'_> {
             .chain(pending.as_ref())
             .collect();
         if let Some(v) = self.at(&ty.table) {
-            // One scan of the edge table feeds every probe this fold needs.
-            let ds = self.graph.open_table(&ty.table, Some(v)).await?;
-            let carded = ends.card_max.is_some() || ends.card_min > 0;
-            let uniques = !ty.constraints.uniques.is_empty() && !cands.is_empty();
-            let mut touch = touched
-                .then(|| Touching::new(self.deleted.get(&ends.from), self.deleted.get(&ends.to)));
-            let mut card = carded
-                .then(|| CardProbe::new(&cands, deletes))
-                .transpose()?;
-            let mut unique = uniques.then(|| UniqueProbe::new(ty, &cands)).transpose()?;
-            let mut cols: Vec<String> = vec![ID.into()];
-            if touch.is_some() || card.is_some() {
-                cols.push("src".into());
-            }
-            if touch.is_some() {
-                cols.push("dst".into());
-            }
-            cols.extend(unique.as_ref().map(|u| u.cols()).unwrap_or_default());
-            let mut seen = HashSet::new();
-            cols.retain(|c| seen.insert(c.clone()));
-            let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
-            let mut feed = |b: &RecordBatch| -> Result<()> {
-                let hit = match &mut touch {
-                    Some(t) => t.batch(b)?,
-                    None => vec![],
-                };
-                if let Some(c) = &mut card {
-                    c.batch(b, &hit)?;
-                }
-                if let Some(u) = &mut unique {
-                    u.batch(b)?;
-                }
-                Ok(())
-            };
-            let needed = touched || carded || uniques;
-            match needed
-                .then(|| narrowing(ty, ends, touched, &cands))
-                .transpose()?
-            {
-                None => {}
-                // Narrowed: `src` alone is scanned, and only the rows of the
-                // fold's srcs are read whole (one string column decoded per
-                // committed edge instead of three).
-                Some(Some(srcs)) => {
-                    let t = std::time::Instant::now();
-                    let ids = row_ids_of(self.graph, &ty.table, &ds, &srcs).await?;
-                    let find_s = t.elapsed().as_secs_f64();
-                    if !ids.is_empty() {
-                        let proj = ProjectionRequest::from_columns(cols.iter(), ds.schema());
-                        let rows = ds
-                            .take_rows(&ids, proj)
-                            .await
-                            .ctx("read the committed edges of the fold's srcs")?;
-                        feed(&rows)?;
-                    }
-                    tracing::debug!(
-                        table = %ty.table, srcs = srcs.len(), edges = ids.len(), find_s,
-                        read_s = t.elapsed().as_secs_f64() - find_s,
-                        "read the committed edges of the fold's srcs"
-                    );
-                }
-                Some(None) => scan_each(&ds, &cols, feed).await?,
-            }
-            if let Some(t) = touch {
-                self.view.links.insert(ty.table.clone(), t.links);
-            }
-            if let Some(c) = card {
-                self.view
-                    .card
-                    .insert(ty.table.clone(), c.finish(&ds).await?);
-            }
-            if let Some(u) = unique {
-                self.view.uniques.insert(ty.table.clone(), u.held);
-            }
+            self.probe_edges(ty, ends, touched, v, &cands, deletes)
+                .await?;
         }
         for rows in cands {
             self.want(ends, rows)?;
         }
+        Ok(())
+    }
+
+    /// What the committed edges at `v` tell the checks: the edges that
+    /// touch a deleted node, `@card`'s counts and `@unique`'s holders of
+    /// the candidates' tuples. One scan of the edge table (or a read of
+    /// the candidates' `src`s alone, see `narrowing`) feeds every probe
+    /// this fold needs.
+    async fn probe_edges(
+        &mut self,
+        ty: &GraphType,
+        ends: &EdgeEnds,
+        touched: bool,
+        v: u64,
+        cands: &[&RecordBatch],
+        deletes: &[String],
+    ) -> Result<()> {
+        let ds = self.graph.open_table(&ty.table, Some(v)).await?;
+        let carded = ends.card_max.is_some() || ends.card_min > 0;
+        let uniques = !ty.constraints.uniques.is_empty() && !cands.is_empty();
+        let mut touch = touched
+            .then(|| Touching::new(self.deleted.get(&ends.from), self.deleted.get(&ends.to)));
+        let mut card = carded.then(|| CardProbe::new(cands, deletes)).transpose()?;
+        let mut unique = uniques.then(|| UniqueProbe::new(ty, cands)).transpose()?;
+        let cols = probe_cols(touch.is_some(), card.is_some(), unique.as_ref());
+        let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
+        let mut feed = |b: &RecordBatch| -> Result<()> {
+            let hit = match &mut touch {
+                Some(t) => t.batch(b)?,
+                None => vec![],
+            };
+            if let Some(c) = &mut card {
+                c.batch(b, &hit)?;
+            }
+            if let Some(u) = &mut unique {
+                u.batch(b)?;
+            }
+            Ok(())
+        };
+        let needed = touched || carded || uniques;
+        match needed
+            .then(|| narrowing(ty, ends, touched, cands))
+            .transpose()?
+        {
+            None => {}
+            Some(Some(srcs)) => self.read_srcs(ty, &ds, &cols, &srcs, &mut feed).await?,
+            Some(None) => scan_each(&ds, &cols, feed).await?,
+        }
+        if let Some(t) = touch {
+            self.view.links.insert(ty.table.clone(), t.links);
+        }
+        if let Some(c) = card {
+            self.view
+                .card
+                .insert(ty.table.clone(), c.finish(&ds).await?);
+        }
+        if let Some(u) = unique {
+            self.view.uniques.insert(ty.table.clone(), u.held);
+        }
+        Ok(())
+    }
+
+    /// Narrowed: `src` alone is scanned, and only the rows of the fold's
+    /// `srcs` are read whole, into `feed` (one string column decoded per
+    /// committed edge instead of three).
+    async fn read_srcs(
+        &self,
+        ty: &GraphType,
+        ds: &lance::Dataset,
+        cols: &[&str],
+        srcs: &FastSet<String>,
+        feed: &mut impl FnMut(&RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        let t = std::time::Instant::now();
+        let ids = row_ids_of(self.graph, self.known, &ty.table, ds, srcs).await?;
+        let find_s = t.elapsed().as_secs_f64();
+        if !ids.is_empty() {
+            let proj = ProjectionRequest::from_columns(cols.iter(), ds.schema());
+            let rows = ds
+                .take_rows(&ids, proj)
+                .await
+                .ctx("read the committed edges of the fold's srcs")?;
+            feed(&rows)?;
+        }
+        tracing::debug!(
+            table = %ty.table, srcs = srcs.len(), edges = ids.len(), find_s,
+            read_s = t.elapsed().as_secs_f64() - find_s,
+            "read the committed edges of the fold's srcs"
+        );
         Ok(())
     }
 
@@ -320,6 +333,22 @@ impl ViewReader<'_> {
         }
         Ok(())
     }
+}
+
+/// The columns the probes read: `id`, then `src` for `Touching` and
+/// `CardProbe`, `dst` for `Touching`, and every column a `@unique` names.
+fn probe_cols(touch: bool, card: bool, unique: Option<&UniqueProbe>) -> Vec<String> {
+    let mut cols: Vec<String> = vec![ID.into()];
+    if touch || card {
+        cols.push("src".into());
+    }
+    if touch {
+        cols.push("dst".into());
+    }
+    cols.extend(unique.map(|u| u.cols()).unwrap_or_default());
+    let mut seen = HashSet::new();
+    cols.retain(|c| seen.insert(c.clone()));
+    cols
 }
 
 /// The `src`s the edge scan can keep to, or `None` to probe every row.
@@ -352,19 +381,19 @@ fn narrowing(
 }
 
 /// The row ids of the committed edges whose `src` is in `srcs`: from the
-/// `src` tags kept with the table's ids (a pass over them, no decode; a
+/// `src` tags known with the table's ids (a pass over them, no decode; a
 /// superset on a 64-bit collision, which the probes read past), else a
 /// scan of `src` alone.
 async fn row_ids_of(
     graph: &Graph,
+    known: &KnownIds,
     table: &str,
     ds: &lance::Dataset,
     srcs: &FastSet<String>,
 ) -> Result<Vec<u64>> {
-    let kept = kept_ids(graph, table, ds.version().version).await?;
-    if let Some(set) = kept.filter(|s| s.kind() == Kind::Sourced) {
-        let known = &graph.known_ids;
-        let tags: HashSet<u64, KeptHasher> = srcs.iter().map(|s| known.src_tag(s)).collect();
+    let set = known_ids_at(graph, known, table, ds.version().version).await?;
+    if let Some(set) = set.filter(|s| s.kind() == Kind::Sourced) {
+        let tags: HashSet<u64, KnownHasher> = srcs.iter().map(|s| known.src_tag(s)).collect();
         // Without stable row ids, a row's id is its address.
         let mut ids = known.with_src_tags(&set, &tags);
         ids.sort_unstable();
@@ -681,11 +710,12 @@ async fn read_pending(graph: &Graph, ty: &GraphType, pt: &str, v: u64) -> Result
 /// Which of `ids` exist in `table` at version `v`.
 async fn existing_ids(
     graph: &Graph,
+    known: &KnownIds,
     table: &str,
     v: u64,
     ids: &HashSet<String>,
 ) -> Result<HashSet<String>> {
-    Ok(lookup_ids(graph, table, v, ids)
+    Ok(lookup_ids(graph, known, table, v, ids)
         .await?
         .into_keys()
         .collect())
@@ -693,16 +723,16 @@ async fn existing_ids(
 
 /// Which of `ids` exist in `table` at version `v`, each with its row's
 /// source partition under partition sharding (else `None`): from the ids
-/// the fold keeps for that version (one scan fills them), else, past
+/// the fold knows for that version (one scan fills them), else, past
 /// `fold.known_ids_max`, from a scan of `id` (and `_src_partition`).
 async fn lookup_ids(
     graph: &Graph,
+    known: &KnownIds,
     table: &str,
     v: u64,
     ids: &HashSet<String>,
 ) -> Result<HashMap<String, Option<u32>>> {
-    let known = &graph.known_ids;
-    if let Some(set) = kept_ids(graph, table, v).await? {
+    if let Some(set) = known_ids_at(graph, known, table, v).await? {
         return Ok(ids
             .iter()
             .filter(|id| known.contains(&set, id))
