@@ -193,7 +193,8 @@ async fn shard_states(graph: &Graph, head: &GraphCommit) -> Result<Vec<ShardStat
         let markers = markers_of(&details);
         // N as created: identity sharding (`partition`) reports 0 shards.
         let n = graph
-            .buckets
+            .layout()
+            .counts
             .get(table)
             .copied()
             .unwrap_or(details.num_shards);

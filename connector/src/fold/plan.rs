@@ -131,7 +131,7 @@ async fn plan_table(graph: &Graph, table: &str, cut: &Cut) -> Result<Vec<ShardPl
     let ds = graph.open_table(table, None).await?;
     let compacted = shards::compacted_markers(&ds).await?;
     let mut out = Vec::new();
-    for bucket in 0..graph.buckets[table] {
+    for bucket in 0..graph.layout().counts[table] {
         let shard = shards::shard_id(table, bucket);
         let limit = match cut {
             Some(c) => match c.get(&shard) {

@@ -167,7 +167,7 @@ impl Graph {
                     )));
                 }
             }
-            if self.buckets.contains_key(table)
+            if self.layout.counts.contains_key(table)
                 && ds.mem_wal_index_details().await.ctx(table)?.is_none()
             {
                 return Err(self.incompatible(format!("{table} has no MemWAL")));

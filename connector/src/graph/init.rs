@@ -77,13 +77,13 @@ impl Graph {
         tracing::info!(root = %self.root, sharding = self.layout.sharding.as_str(), "initialising graph");
         let mut tables = BTreeMap::new();
         for layout in self.schema.tables() {
-            let n = self.buckets.get(&layout.name).copied();
+            let n = self.layout.counts.get(&layout.name).copied();
             let ds = self.init_table(&layout, n).await?;
             tables.insert(layout.name, ds.version().version);
         }
         let record = SchemaRecord {
             source: self.schema.source.clone(),
-            shard_counts: self.buckets.clone(),
+            shard_counts: self.layout.counts.clone(),
             sharding: self.layout.sharding,
             partitions: self.layout.partitions.clone(),
             version: 0,

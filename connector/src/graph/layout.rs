@@ -83,7 +83,6 @@ impl Graph {
         let Some(record) = self.record().await? else {
             return Ok(());
         };
-        self.buckets = record.shard_counts.clone();
         self.schema_version = record.version;
         self.layout = Arc::new(ShardLayout {
             sharding: record.sharding,

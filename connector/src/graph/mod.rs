@@ -40,10 +40,9 @@ pub struct Graph {
     root: String,
     store: Store,
     pub(crate) schema: Arc<GraphSchema>,
-    /// Buckets N per MemWAL table path (graph types and `_ingest_rejects`),
-    /// as the graph was created with.
-    pub(crate) buckets: BTreeMap<String, u32>,
-    /// The mode, and the topics' partition counts under `partition`.
+    /// The mode, the shards of each MemWAL table (graph types and
+    /// `_ingest_rejects`, as the graph was created with), and the topics'
+    /// partition counts under `partition`.
     pub(crate) layout: Arc<ShardLayout>,
     /// The schema version `schema` is (0: the one the graph was created
     /// with; each schema commit adds one).
@@ -88,7 +87,6 @@ impl Graph {
             root: config.root_uri(),
             store: Store::new(&config.graph.storage_options),
             schema: Arc::new(schema),
-            buckets: layout.counts.clone(),
             layout: Arc::new(layout),
             schema_version: 0,
             evolving: None,
@@ -126,7 +124,6 @@ impl Graph {
                 types: vec![],
                 source: String::new(),
             }),
-            buckets: BTreeMap::new(),
             layout: Default::default(),
             schema_version: 0,
             evolving: None,

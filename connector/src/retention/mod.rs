@@ -297,7 +297,12 @@ async fn shard_ids(graph: &Graph, ds: &Dataset, table: &str) -> Result<Option<Ve
     let details = ds.mem_wal_index_details().await.ctx(table)?;
     Ok(details.map(|d| {
         // N as created: identity sharding (`partition`) reports 0 shards.
-        let n = graph.buckets.get(table).copied().unwrap_or(d.num_shards);
+        let n = graph
+            .layout()
+            .counts
+            .get(table)
+            .copied()
+            .unwrap_or(d.num_shards);
         (0..n).map(|b| shards::shard_id(table, b)).collect()
     }))
 }

@@ -33,7 +33,8 @@ pub(crate) use unfolded::unfolded;
 /// Shards N of a MemWAL table, as the graph was created with.
 pub(crate) fn shard_count(graph: &Graph, table: &str) -> Result<u32> {
     graph
-        .buckets
+        .layout()
+        .counts
         .get(table)
         .copied()
         .ok_or_else(|| Error::Corrupt(format!("{table}: no shard count in the schema record")))
