@@ -107,6 +107,7 @@ pub(crate) async fn backlog(
         fold_now: None,
         published: Some(tx),
         metrics: Some(stats.clone()),
+        kafka_statistics: false,
     };
     let summary = graphsink::run_with(cfg, opts, CancellationToken::new()).await?;
     let peak_rss_mib = measure::peak_rss_mib();
@@ -234,6 +235,7 @@ pub(crate) async fn live(
         fold_now: None,
         published: Some(tx),
         metrics: Some(stats.clone()),
+        kafka_statistics: false,
     };
     let run = tokio::spawn(graphsink::run_with(cfg, opts, stop.clone()));
 

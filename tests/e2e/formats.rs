@@ -349,6 +349,7 @@ async fn a_stopped_registry_holds_its_partition_and_loses_nothing(backend: Backe
     let stop = tokio_util::sync::CancellationToken::new();
     let options = graphsink::RunOptions {
         metrics: Some(metrics.clone()),
+        kafka_statistics: true,
         ..Default::default()
     };
     let run = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));

@@ -90,6 +90,7 @@ fn start(tg: &TestGraph, metrics: &Arc<Metrics>) -> Live {
     let stop = CancellationToken::new();
     let options = graphsink::RunOptions {
         metrics: Some(metrics.clone()),
+        kafka_statistics: true,
         ..Default::default()
     };
     let task = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));

@@ -31,6 +31,7 @@ pub(super) async fn run(path: &Path, exit_at_end: bool, http: Option<SocketAddr>
         fold_now: Some(fold_now),
         published: None,
         metrics: listen.map(|_| metrics),
+        kafka_statistics: listen.is_some(),
     };
     let result = run_with(config, options, shutdown.clone()).await;
     if let (Err(e), Some(_)) = (&result, listen) {

@@ -3,9 +3,10 @@
 //!
 //! A session, in order:
 //! 1. `open` — the graph (a schema change this config brings is applied
-//!    first, `fold::migrate`), recovery, the shard writers, the dead-letter
-//!    producer, the decoders;
-//! 2. the fold task (`fold::FoldLoop`), then the consumer joins the group;
+//!    first, `fold::migrate`), recovery, the decoders, the dead-letter
+//!    producer, the shard writers;
+//! 2. the consumer joins the group, then the fold task (`fold::FoldLoop`)
+//!    starts;
 //! 3. `run_loop` — serve until shutdown, the end or a failure: `poll`
 //!    (take → decode → put into shards without waiting → queue the poll's
 //!    durability), `acks` (durability resolved in poll order: watermarks,
@@ -65,9 +66,13 @@ pub struct RunOptions {
     /// Receives every graph commit the fold loop publishes.
     pub published: Option<watch::Sender<Option<GraphCommit>>>,
     /// Metrics, probe state and the run's totals (`Metrics::totals`),
-    /// shared with the caller and whoever serves them (`http`); given,
-    /// librdkafka's statistics are collected too.
+    /// shared with the caller and whoever serves them (`http`).
     pub metrics: Option<Arc<Metrics>>,
+    /// Collect librdkafka's statistics into the metrics (lag, broker round
+    /// trips, the fetch queue), every 5 s unless `[kafka]` sets
+    /// `statistics.interval.ms`: what `graphsink run` does when it serves
+    /// `/metrics`. Off by default: a callback parses them.
+    pub kafka_statistics: bool,
 }
 
 /// What a finished run reports.
@@ -90,7 +95,7 @@ pub async fn run_with(
 ) -> Result<RunSummary> {
     let mut total = RunSummary::default();
     let mut backoff = Backoff::new(config.graph.storage_retry_max_backoff);
-    let kafka_stats = options.metrics.is_some();
+    let kafka_stats = options.kafka_statistics;
     let metrics = options
         .metrics
         .clone()
@@ -146,6 +151,7 @@ async fn session(
 ) -> Result<()> {
     metrics.session_started();
     let (graph, policies) = open::graph(config).await?;
+    let decoding = open::decoding(config, &graph, metrics)?;
     let head = graph.head().await?;
     metrics.head(head.seq, head.created_at);
     let dead_letters = DeadLetters::connect(config, graph.root(), metrics.clone()).await?;
@@ -158,7 +164,7 @@ async fn session(
         options,
         metrics,
         shutdown,
-        &graph,
+        decoding,
         writers,
         dead_letters.clone(),
     )?;

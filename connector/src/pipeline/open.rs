@@ -3,6 +3,7 @@
 //! shard writers and the decoders.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
@@ -14,6 +15,8 @@ use crate::error::Result;
 use crate::fold::{self, Policies};
 use crate::graph::Graph;
 use crate::kafka::DeadLetters;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
 use crate::retention;
 use crate::schema::GraphSchema;
 use crate::shards::ShardPool;
@@ -83,8 +86,29 @@ pub(super) async fn writers(
     })
 }
 
+/// What the run loop decodes with: a decoder per mapped topic, and the
+/// registry client when a mapping uses a registry format. Built before any
+/// shard is claimed, so a mapping the graph cannot take stops the start
+/// before it fences anyone.
+pub(super) struct Decoding {
+    pub(super) decoders: HashMap<String, RecordDecoder>,
+    pub(super) registry: Option<Registry>,
+}
+
+pub(super) fn decoding(config: &Config, graph: &Graph, metrics: &Arc<Metrics>) -> Result<Decoding> {
+    let decoders = decoders(config, graph)?;
+    let registry = config
+        .mappings
+        .iter()
+        .any(|m| m.format.uses_registry())
+        .then(|| Registry::new(&config.schema_registry))
+        .transpose()?
+        .map(|r| r.metered(metrics.clone()));
+    Ok(Decoding { decoders, registry })
+}
+
 /// One decoder per mapped topic.
-pub(super) fn decoders(config: &Config, graph: &Graph) -> Result<HashMap<String, RecordDecoder>> {
+fn decoders(config: &Config, graph: &Graph) -> Result<HashMap<String, RecordDecoder>> {
     let mut decoders = HashMap::new();
     for m in &config.mappings {
         let decoder = RecordDecoder::new(

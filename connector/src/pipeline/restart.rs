@@ -99,7 +99,8 @@ impl Backoff {
     }
 
     /// The wait before restarting after `why`, for a session that ran
-    /// `session_ran`.
+    /// `session_ran`. A grown writer schema is no failure: it neither waits
+    /// nor moves the backoff on.
     pub(super) fn next(&mut self, why: Restart, session_ran: Duration) -> Duration {
         if why == Restart::SchemaGrew {
             return Duration::ZERO;

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::acks::{AckQueue, Durable};
 use super::breaker::Breaker;
 use super::end::EndWatch;
-use super::open::{self, Writers};
+use super::open::{Decoding, Writers};
 use super::role::FoldRole;
 use super::schemas::SchemaHolds;
 use super::{RunOptions, RunSummary};
@@ -24,13 +24,11 @@ use crate::decode::RecordDecoder;
 use crate::error::Result;
 use crate::failpoints;
 use crate::fold::{CutRequest, FoldTask, FreezeCut, FromFold};
-use crate::graph::Graph;
 use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent};
 use crate::kafka::stall::{self, StallWatch};
 use crate::kafka::{DeadLetters, OffsetQueries};
 use crate::metrics::Metrics;
 use crate::offsets::{TopicPartition, WrittenSpans};
-use crate::registry::Registry;
 use crate::shards::ShardPool;
 
 pub(super) struct RunLoop<'a> {
@@ -81,17 +79,10 @@ impl<'a> RunLoop<'a> {
         options: &RunOptions,
         metrics: &Arc<Metrics>,
         shutdown: &CancellationToken,
-        graph: &Graph,
+        decoding: Decoding,
         writers: Writers,
         dead_letters: DeadLetters,
     ) -> Result<RunLoop<'a>> {
-        let registry = config
-            .mappings
-            .iter()
-            .any(|m| m.format.uses_registry())
-            .then(|| Registry::new(&config.schema_registry))
-            .transpose()?
-            .map(|r| r.metered(metrics.clone()));
         let stall_bound = config.offsets.stall_timeout.unwrap_or_else(|| {
             stall::bound_for(config.kafka.get("session.timeout.ms").map(String::as_str))
         });
@@ -100,8 +91,8 @@ impl<'a> RunLoop<'a> {
             exit_at_end: options.exit_at_end,
             metrics: metrics.clone(),
             shutdown: shutdown.clone(),
-            decoders: open::decoders(config, graph)?,
-            schemas: SchemaHolds::new(registry, config),
+            decoders: decoding.decoders,
+            schemas: SchemaHolds::new(decoding.registry, config),
             breaker: Breaker::default(),
             pool: writers.pool,
             dead_letters,
