@@ -190,6 +190,26 @@ impl Stage {
         self.final_check(main, r).await
     }
 
+    /// Ends a phase that ran one graphsink: a graceful stop (an unclean
+    /// exit is the run's own failure), a session for the group to settle,
+    /// then `finish`; the work directory is kept when the phase failed.
+    pub(crate) async fn stop_and_finish(
+        &mut self,
+        mut p: Process,
+        env: &Env,
+        main: &mut Broker,
+        r: &mut PhaseReport,
+    ) -> Res<()> {
+        let e = p.stop(Duration::from_secs(60)).await;
+        if e.code != Some(0) {
+            r.own_exits.push(format!("stop: {e:?}: {}", p.tail(1)));
+        }
+        tokio::time::sleep(SESSION).await;
+        self.finish(env, main, r).await?;
+        keep_on_failure(self, r);
+        Ok(())
+    }
+
     /// Stops the producer and produces the closing records.
     async fn close_feed(&mut self, main: &Broker, r: &mut PhaseReport) -> Res<()> {
         let feed = self.feed.take().expect("a feed");

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::check::Res;
 use crate::cluster::Broker;
 use crate::report::PhaseReport;
-use crate::stage::{keep_on_failure, Env, Stage, SESSION};
+use crate::stage::{Env, Stage, SESSION};
 
 /// The graph root on a small tmpfs, filled to the brim by a ballast file
 /// while graphsink runs; then the ballast goes and everything must land.
@@ -83,14 +83,7 @@ async fn disk_phase(env: &Env, seed: u64, mnt: &Path, r: &mut PhaseReport) -> Re
             p = st.spawn(env, None)?;
         }
     }
-    let e = p.stop(Duration::from_secs(60)).await;
-    if e.code != Some(0) {
-        r.own_exits.push(format!("stop: {e:?}: {}", p.tail(1)));
-    }
-    tokio::time::sleep(SESSION).await;
-    st.finish(env, &mut main, r).await?;
-    keep_on_failure(&st, r);
-    Ok(())
+    st.stop_and_finish(p, env, &mut main, r).await
 }
 
 /// Bytes free at `p` for an unprivileged writer.

@@ -10,7 +10,7 @@ use super::secs;
 use crate::check::Res;
 use crate::cluster::{Broker, Exit, Process};
 use crate::report::PhaseReport;
-use crate::stage::{keep_on_failure, unwedge, Env, Stage, SESSION};
+use crate::stage::{unwedge, Env, Stage, SESSION};
 
 #[derive(Clone, Copy)]
 pub(super) enum Outage {
@@ -101,14 +101,7 @@ pub(super) async fn outage(env: &Env, seed: u64, kind: Outage, r: &mut PhaseRepo
             }
         }
     }
-    let e = p.stop(Duration::from_secs(60)).await;
-    if e.code != Some(0) {
-        r.own_exits.push(format!("stop: {e:?}: {}", p.tail(1)));
-    }
-    tokio::time::sleep(SESSION).await;
-    st.finish(env, &mut main, r).await?;
-    keep_on_failure(&st, r);
-    Ok(())
+    st.stop_and_finish(p, env, &mut main, r).await
 }
 
 /// The phase's broker and dead-letter broker.

@@ -13,7 +13,9 @@ use crate::kafka::queries::{GroupMembers, MissingTopic};
 use crate::kafka::OffsetQueries;
 use crate::retention::{graph_storage, TableStorage};
 use crate::schema::REJECTS_TABLE;
-use crate::shards::{latest_manifest, markers_of, shard_id, shard_owner, ShardOwner};
+use crate::shards::{
+    latest_manifest, markers_of, shard_count_or, shard_id, shard_owner, ShardOwner,
+};
 use crate::types::now_ms;
 
 /// The graph side of `status`, at the head commit.
@@ -191,14 +193,7 @@ async fn shard_states(graph: &Graph, head: &GraphCommit) -> Result<Vec<ShardStat
             continue;
         };
         let markers = markers_of(&details);
-        // N as created: identity sharding (`partition`) reports 0 shards.
-        let n = graph
-            .layout()
-            .counts
-            .get(table)
-            .copied()
-            .unwrap_or(details.num_shards);
-        for bucket in 0..n {
+        for bucket in 0..shard_count_or(graph, table, details.num_shards) {
             let shard = shard_id(table, bucket);
             let folded_upto = markers.get(&shard).copied().unwrap_or(0);
             let m = latest_manifest(&ds, shard).await?;

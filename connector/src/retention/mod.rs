@@ -296,13 +296,7 @@ async fn wal_tables(graph: &Graph, head: &GraphCommit) -> Result<Vec<WalTable>> 
 async fn shard_ids(graph: &Graph, ds: &Dataset, table: &str) -> Result<Option<Vec<uuid::Uuid>>> {
     let details = ds.mem_wal_index_details().await.ctx(table)?;
     Ok(details.map(|d| {
-        // N as created: identity sharding (`partition`) reports 0 shards.
-        let n = graph
-            .layout()
-            .counts
-            .get(table)
-            .copied()
-            .unwrap_or(d.num_shards);
+        let n = shards::shard_count_or(graph, table, d.num_shards);
         (0..n).map(|b| shards::shard_id(table, b)).collect()
     }))
 }

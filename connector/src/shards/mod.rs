@@ -30,6 +30,13 @@ pub(crate) use table::fenced_or;
 pub(crate) use table::PendingWrite;
 pub(crate) use unfolded::unfolded;
 
+/// Shards N of a MemWAL table as the graph was created with, or as its
+/// index lists them when the layout has no count for it (identity
+/// sharding under `partition` lists 0 shards).
+pub(crate) fn shard_count_or(graph: &Graph, table: &str, listed: u32) -> u32 {
+    graph.layout().counts.get(table).copied().unwrap_or(listed)
+}
+
 /// Shards N of a MemWAL table, as the graph was created with.
 pub(crate) fn shard_count(graph: &Graph, table: &str) -> Result<u32> {
     graph
