@@ -9,7 +9,7 @@
 #   deploy/prometheus   promtool check config (Debian's `prometheus` package)
 #   deploy/grafana      the dashboard is JSON, every panel uses the datasource
 #                       uid the provisioning declares, every metric it names is
-#                       in docs/decisions/0006-metrics.md, every query parses as PromQL
+#                       in docs/metrics.md, every query parses as PromQL
 #                       (promtool check rules); the provisioning YAML parses
 #
 # Installs check-jsonschema into a venv under $GRAPHSINK_CACHE and promtool
@@ -27,7 +27,7 @@ PROM_CONFIG="deploy/prometheus/prometheus.yml"
 DASHBOARD="deploy/grafana/dashboards/graphsink.json"
 DATASOURCES="deploy/grafana/provisioning/datasources/prometheus.yml"
 DASHBOARD_PROVIDERS="deploy/grafana/provisioning/dashboards/graphsink.yml"
-METRICS_SPEC="docs/decisions/0006-metrics.md"
+METRICS_SPEC="docs/metrics.md"
 
 ensure_check_jsonschema() {
     CHECK_JSONSCHEMA="$DEPLOY_VENV/bin/check-jsonschema"
@@ -99,7 +99,7 @@ sys.exit(1 if errors else 0)
 PY
 }
 
-# The dashboard against the provisioning and docs/decisions/0006-metrics.md; writes its
+# The dashboard against the provisioning and docs/metrics.md; writes its
 # queries as recording rules to $1 for promtool.
 dashboard_contents() {
     "$DEPLOY_PYTHON" - "$DASHBOARD" "$DATASOURCES" "$DASHBOARD_PROVIDERS" "$METRICS_SPEC" "$1" <<'PY'

@@ -66,7 +66,7 @@ pub use graph::{row_counts, FoldedShard, Graph, GraphCommit, SchemaChange, Table
 pub use http::serve as serve_http;
 pub use kafka::client::CONSUMER_DEFAULTS;
 pub use kafka::queries::{GroupMember, GroupMembers, MissingTopic};
-/// Metrics and probe state of one connector (docs/decisions/0006-metrics.md).
+/// Metrics and probe state of one connector (docs/metrics.md).
 pub use metrics::{
     Format as MetricsFormat, Health, Metrics, Readiness, RunTotals,
     CONTENT_TYPE as METRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE as METRICS_TEXT_CONTENT_TYPE,

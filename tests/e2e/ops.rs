@@ -1,7 +1,7 @@
 //! Operability: `/ready` through the group join, a dead-letter outage and
 //! a fencing; a real Prometheus scraping a connector under a workload with
 //! rejects; `promtool check metrics` on the exposition; the exposed names
-//! against docs/decisions/0006-metrics.md's table; secrets kept out of logs and errors.
+//! against docs/metrics.md's table; secrets kept out of logs and errors.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -480,7 +480,7 @@ async fn await_prom(
 /// while it ingests records with rejects: the committed offsets reach the
 /// end offsets, the rejects counter equals the rejects produced, and the
 /// fold counter advances. The same scrape passes `promtool check metrics`
-/// and its names and labels match docs/decisions/0006-metrics.md's table. Then an offline fold
+/// and its names and labels match docs/metrics.md's table. Then an offline fold
 /// fences the run, Prometheus sees `graphsink_fenced_total`, and every query
 /// of deploy/'s dashboard evaluates to data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -796,20 +796,17 @@ fn exposed(text: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
     out
 }
 
-/// docs/decisions/0006-metrics.md's table lists exactly the exposed names, with their
+/// docs/metrics.md's table lists exactly the exposed names, with their
 /// types and labels (labels checked where samples exist).
 fn names_match_the_spec(text: &str) {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let spec = metric_table(
-        &format!("{root}/docs/decisions/0006-metrics.md"),
-        "## Metrics",
-    );
+    let spec = metric_table(&format!("{root}/docs/metrics.md"), "## Metrics");
     let got = exposed(text);
     let names = |m: &BTreeMap<String, _>| m.keys().cloned().collect::<BTreeSet<String>>();
     assert_eq!(
         names(&got),
         names(&spec),
-        "exposed names (left) against docs/decisions/0006-metrics.md (right)"
+        "exposed names (left) against docs/metrics.md (right)"
     );
     for (name, (ty, labels)) in &got {
         let (rty, rlabels) = &spec[name];

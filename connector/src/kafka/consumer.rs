@@ -52,7 +52,7 @@ impl ClientContext for GroupContext {
         self.log.error(&error, reason)
     }
 
-    /// librdkafka's statistics, mapped to a few gauges (docs/decisions/0006-metrics.md).
+    /// librdkafka's statistics, mapped to a few gauges (docs/metrics.md).
     fn stats(&self, s: rdkafka::Statistics) {
         let mut fetch_queue = 0;
         for (topic, t) in &s.topics {

@@ -1,4 +1,4 @@
-//! The metric families graphsink registers (docs/decisions/0006-metrics.md
+//! The metric families graphsink registers (docs/metrics.md
 //! is the contract: names, types, labels), in four groups by who reports
 //! them, and their label sets. prometheus-client appends `_total` to
 //! counters itself.

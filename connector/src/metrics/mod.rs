@@ -1,5 +1,5 @@
 //! What an operator watches: the Prometheus metrics of one connector
-//! (docs/decisions/0006-metrics.md is the contract: names, types, labels),
+//! (docs/metrics.md is the contract: names, types, labels),
 //! the state behind `/health` and `/ready`, and the run's totals. One
 //! `Metrics` per connector, passed down (no global registry: tests run
 //! several connectors in one process). It serves nothing itself (`http`
