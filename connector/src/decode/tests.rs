@@ -8,7 +8,7 @@ mod composite;
 mod hostile;
 mod keys;
 mod protobuf;
-mod type_table;
+pub(super) mod type_table;
 mod types;
 
 use std::sync::Arc;

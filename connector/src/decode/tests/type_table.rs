@@ -15,8 +15,9 @@ use crate::decode::{Decoded, RecordDecoder, SourceRecord};
 use crate::registry::{wire, Schema, SchemaType};
 use crate::schema::GraphSchema;
 
-/// One property per `.pg` type, every one optional, so a case sets one.
-const PG: &str = r#"
+/// One property per `.pg` type, every one optional, so a case sets one
+/// (the JSON fit table, `decode/json/fit/tests.rs`, reads it too).
+pub(in crate::decode) const PG: &str = r#"
     node T { k: String @key
              s: String?  blob: Blob?  b: Bool?  i: I32?  l: I64?  u: U32?  ul: U64?
              f: F32?  d: F64?  day: Date?  at: DateTime?  tags: [String]?  nums: [I64]?

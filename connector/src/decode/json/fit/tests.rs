@@ -5,15 +5,9 @@ use arrow_schema::{DataType, Field};
 use std::sync::Arc;
 
 use super::*;
+// The type table's type: one property per `.pg` type.
+use crate::decode::tests::type_table::PG;
 use crate::schema::GraphSchema;
-
-/// decode/tests/type_table.rs's type: one property per `.pg` type.
-const PG: &str = r#"
-    node T { k: String @key
-             s: String?  blob: Blob?  b: Bool?  i: I32?  l: I64?  u: U32?  ul: U64?
-             f: F32?  d: F64?  day: Date?  at: DateTime?  tags: [String]?  nums: [I64]?
-             v: Vector(2)?  e: enum(red, green)? }
-"#;
 
 /// The code `v` (JSON text) gets against property `prop`'s type.
 fn code(prop: &str, v: &str, strict: bool) -> Option<&'static str> {
