@@ -54,10 +54,10 @@ pub use commands::{
     TableRows,
 };
 pub use config::{
-    Coerce, Config, DeletePolicy, EndpointPolicy, ErrorSettings, Evolve, FoldSettings,
-    GraphSettings, HttpSettings, KeyOrigin, KeySource, LogFormat, LogSettings, Mapping,
-    OffsetSettings, RetentionSettings, RuntimeSettings, StorageOptions, Tolerance, UnknownFields,
-    WalSettings,
+    Coerce, Config, DeletePolicy, Encoding, EndpointPolicy, EnvelopeName, ErrorSettings, Evolve,
+    FieldSource, FieldSpec, FoldSettings, GraphSettings, HttpSettings, KeyOrigin, KeySource,
+    LogFormat, LogSettings, Mapping, OffsetSettings, OpValue, RetentionSettings, RuntimeSettings,
+    StorageOptions, Tolerance, UnknownFields, WalSettings,
 };
 pub use error::{Error, ErrorKind, Result};
 /// Reading a graph: its commits, and each table at the version a commit pins.

@@ -148,6 +148,17 @@ named_enum! {
         MalformedAvro => "malformed_avro",
         /// A Protobuf payload that does not decode as its message type.
         MalformedProtobuf => "malformed_protobuf",
+        /// A change event that upserts (Debezium `c`, `r`, `u`; an
+        /// `op_field` event that is not a delete) without its row.
+        MissingAfter => "missing_after",
+        /// A delete whose event names no row (no `before` with the key
+        /// fields) and whose record has no Kafka key.
+        MissingBefore => "missing_before",
+        /// A change event without an op, or with an op it does not define.
+        UnknownOp => "unknown_op",
+        /// A change event's op graphsink does not apply: Debezium's
+        /// truncate (`t`), which names no rows (docs/cdc.md).
+        UnsupportedOp => "unsupported_op",
     }
 }
 

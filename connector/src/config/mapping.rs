@@ -161,6 +161,21 @@ pub struct Mapping {
     pub on_delete_referenced: DeletePolicy,
     /// Overrides `errors.dead_letter_topic` for this topic's rejects.
     pub dead_letter_topic: Option<String>,
+    /// How the value carries its row: `"none"` (default), `"debezium"`,
+    /// `"op_field"` (config/change.rs).
+    #[serde(default)]
+    pub envelope: EnvelopeName,
+    /// `op_field`: the JSON Pointer of the operation.
+    pub op_path: Option<String>,
+    /// `op_field`: the op values that mean a delete.
+    #[serde(default)]
+    pub delete_when: Vec<OpValue>,
+    /// `op_field`: the JSON Pointer of the row (unset: the whole value).
+    pub data_path: Option<String>,
+    /// `[mapping.fields]`: property → JSON Pointer (or `{ path, encoding,
+    /// scale }`), read after the envelope is unwrapped.
+    #[serde(default)]
+    pub fields: BTreeMap<String, FieldSource>,
 }
 /// What a mapping's records become.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,6 +225,7 @@ impl Mapping {
                 "mapping[{i}].message names a Protobuf message type, but neither format nor key_format is \"protobuf\""
             )));
         }
+        m.validate_change(i)?;
         if m.dead_letter_topic.as_deref() == Some("") {
             return Err(Error::config(format!(
                 "mapping[{i}].dead_letter_topic must not be empty"
@@ -252,6 +268,12 @@ impl Mapping {
         self.dst.as_deref().unwrap_or("dst")
     }
 }
+/// `Mapping::validate` for tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) fn validate_mapping_for_tests(m: &Mapping) -> Result<()> {
+    m.validate(0)
+}
+
 pub(super) fn default_endpoint_deadline() -> Duration {
     Duration::from_secs(600)
 }

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::redact;
 
+mod change;
 mod env;
 mod graph;
 mod mapping;
@@ -18,6 +19,7 @@ mod sections;
 mod tests;
 mod wal;
 
+pub use change::*;
 pub(crate) use env::*;
 pub use graph::*;
 pub use mapping::*;

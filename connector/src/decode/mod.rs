@@ -27,6 +27,7 @@
 
 mod avro;
 mod checks;
+mod envelope;
 mod format;
 mod json;
 mod json_schema;
@@ -55,6 +56,7 @@ use crate::rejects::{owned_headers, Origin, Reject, RejectCode};
 use crate::schema::{GraphSchema, GraphType, TypeKind};
 use crate::validate::Validator;
 
+use envelope::{Change, Unwrap};
 pub(crate) use format::Learned;
 use format::{Format, ValueFormat, ValueSchema};
 use key_format::{KeyFormat, PlainKey};
@@ -128,6 +130,9 @@ impl From<Error> for Fail {
 
 type Step<T> = std::result::Result<T, Fail>;
 
+/// Rejects by the index of their record in the poll.
+type Indexed = Vec<(usize, Reject)>;
+
 fn bad<T>(code: RejectCode, message: impl Into<String>) -> Step<T> {
     Err(Fail::Record(code, message.into()))
 }
@@ -140,6 +145,9 @@ pub struct RecordDecoder {
     format: Format,
     /// The Kafka keys → their plain text (key_format.rs).
     keys: KeyFormat,
+    /// Under an envelope or field paths: each record's change, before the
+    /// format (envelope/); `None` for plain values.
+    unwrap: Option<Unwrap>,
     max_record_bytes: usize,
     validator: Validator,
     /// Under `partition` sharding, whether each row's id must be the one its
@@ -190,6 +198,7 @@ impl RecordDecoder {
             composite: shape.composite_endpoints(),
         };
         Ok(RecordDecoder {
+            unwrap: Unwrap::new(mapping, ty, &shape, &values.fields)?,
             format: Format::of(mapping, ty, values, batch_size)?,
             keys: KeyFormat::new(mapping, ty, &shape, batch_size)?,
             ty: ty.clone(),
@@ -308,6 +317,20 @@ impl RecordDecoder {
     /// Decodes a whole poll. Records that cannot become rows are returned as
     /// rejects; the rest still go out as one batch.
     pub fn decode(&mut self, records: &[SourceRecord<'_>]) -> Result<Decoded> {
+        let (mut out, rejects) = match self.unwrap.take() {
+            None => self.decode_records(records)?,
+            Some(unwrap) => {
+                let out = self.decode_changes(&unwrap, records);
+                self.unwrap = Some(unwrap);
+                out?
+            }
+        };
+        out.rejects = rejects.into_iter().map(|(_, r)| r).collect();
+        Ok(out)
+    }
+
+    /// The stages after the envelope; rejects by record index, in poll order.
+    fn decode_records(&mut self, records: &[SourceRecord<'_>]) -> Result<(Decoded, Indexed)> {
         // Keys in plain form from here on (`key_format`); rejects keep the
         // original bytes.
         let plain = self.keys.plain(records);
@@ -346,15 +369,84 @@ impl RecordDecoder {
                 }
             }
         }
-        let mut out = self.last_write_wins(
+        let out = self.last_write_wins(
             records,
             checked.rows,
             &checked.up_idx,
             part.del_ids,
             &part.del_idx,
         )?;
-        out.rejects = rejects.into_iter().map(|(_, r)| r).collect();
-        Ok(out)
+        Ok((out, rejects))
+    }
+
+    /// Under an envelope or field paths (envelope/): each record's change
+    /// first, on the record as it arrived (its size and partition too);
+    /// the upserts and deletes then go through the stages as plain records,
+    /// and every reject carries the record as it arrived.
+    fn decode_changes(
+        &mut self,
+        unwrap: &Unwrap,
+        records: &[SourceRecord<'_>],
+    ) -> Result<(Decoded, Indexed)> {
+        let mut rejects = Vec::new();
+        let mut changes = Vec::with_capacity(records.len());
+        for (i, r) in records.iter().enumerate() {
+            let change = match self.arrival_fault(r) {
+                Some((code, m)) => Change::Refuse(code, m),
+                None => unwrap.change(r),
+            };
+            match change {
+                Change::Skip => {}
+                Change::Refuse(code, m) => rejects.push((i, self.reject(r, code, m, None))),
+                c => changes.push((i, c)),
+            }
+        }
+        let rewritten: Vec<SourceRecord<'_>> = changes
+            .iter()
+            .map(|(i, c)| match c {
+                Change::Upsert { value, key } => SourceRecord {
+                    value: Some(value),
+                    key: key.as_deref(),
+                    ..records[*i]
+                },
+                Change::Delete { key } => SourceRecord {
+                    value: None,
+                    key: key.as_deref(),
+                    ..records[*i]
+                },
+                Change::Skip | Change::Refuse(..) => unreachable!("kept out above"),
+            })
+            .collect();
+        // Placement was judged on the key as it arrived.
+        let placement = self.placement.take();
+        let out = self.decode_records(&rewritten);
+        self.placement = placement;
+        let (out, later) = out?;
+        for (j, mut r) in later {
+            let i = changes[j].0;
+            r.key = records[i].key.map(<[u8]>::to_vec);
+            r.value = records[i].value.map(<[u8]>::to_vec);
+            r.message = unwrap.explain(r.message);
+            rejects.push((i, r));
+        }
+        rejects.sort_by_key(|(i, _)| *i);
+        Ok((out, rejects))
+    }
+
+    /// What a record shows as it arrived, before any parsing: oversized,
+    /// or (by the key's bytes as the producer hashed them) misplaced.
+    fn arrival_fault(&self, r: &SourceRecord<'_>) -> Option<(RejectCode, String)> {
+        let size = r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len);
+        if size > self.max_record_bytes {
+            return Some((
+                RejectCode::Oversized,
+                format!(
+                    "key and value are {size} bytes, over errors.max_record_bytes = {}",
+                    self.max_record_bytes
+                ),
+            ));
+        }
+        self.misplaced(r).map(|m| (RejectCode::WrongPartition, m))
     }
 
     /// Oversized records are refused before any parsing, then misplaced
@@ -369,18 +461,10 @@ impl RecordDecoder {
         let mut rejects = Vec::new();
         let mut ok = Vec::with_capacity(records.len());
         for (i, r) in records.iter().enumerate() {
-            let size = r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len);
             match r.value {
-                _ if size > self.max_record_bytes => {
-                    let m = format!(
-                        "key and value are {size} bytes, over errors.max_record_bytes = {}",
-                        self.max_record_bytes
-                    );
-                    rejects.push((i, self.reject(r, RejectCode::Oversized, m, None)));
-                }
-                _ if self.misplaced(r).is_some() => {
-                    let m = self.misplaced(r).expect("just seen");
-                    rejects.push((i, self.reject(r, RejectCode::WrongPartition, m, None)));
+                _ if self.arrival_fault(r).is_some() => {
+                    let (code, m) = self.arrival_fault(r).expect("just seen");
+                    rejects.push((i, self.reject(r, code, m, None)));
                 }
                 _ if matches!(plain.map(|p| &p[i]), Some(PlainKey::Bad(..))) => {
                     let Some(PlainKey::Bad(code, m)) = plain.map(|p| &p[i]) else {

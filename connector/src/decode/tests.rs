@@ -4,6 +4,7 @@
 //! `composite`: composite endpoints in the registry formats.
 
 mod avro;
+mod cdc;
 mod composite;
 mod hostile;
 mod keys;
