@@ -201,13 +201,12 @@ impl Mapping {
         }
         let changes = self.envelope != EnvelopeName::None || self.maps_fields();
         if changes && !matches!(self.format, ValueFormatName::Json) {
-            let allowed = self.envelope == EnvelopeName::Debezium
-                && self.format == ValueFormatName::Avro
-                && !self.maps_fields();
+            let allowed =
+                self.envelope == EnvelopeName::Debezium && self.format == ValueFormatName::Avro;
             if !allowed {
                 return Err(Error::config(format!(
-                    "{}: envelopes and field paths read JSON values (format = \"json\"); \
-                     an Avro value takes envelope = \"debezium\" without paths",
+                    "{}: envelopes and field paths read JSON values (format = \"json\"), \
+                     or Debezium events in Avro (format = \"avro\", envelope = \"debezium\")",
                     at("format")
                 )));
             }

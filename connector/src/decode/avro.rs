@@ -258,7 +258,7 @@ impl ValueFormat for AvroFormat {
     }
 }
 
-fn build(
+pub(super) fn build(
     id: u32,
     writer: &str,
     reader: &str,
@@ -275,7 +275,11 @@ fn build(
 
 /// Feeds each value to `decoder` as exactly one record; flushed batches go
 /// to `out`. A value that does not hold exactly one whole record fails.
-fn decode_values(decoder: &mut Decoder, values: &[&[u8]], out: &mut Vec<RecordBatch>) -> Step<()> {
+pub(super) fn decode_values(
+    decoder: &mut Decoder,
+    values: &[&[u8]],
+    out: &mut Vec<RecordBatch>,
+) -> Step<()> {
     let malformed = |m: String| Fail::Record(RejectCode::MalformedAvro, m);
     for value in values {
         let mut at = 0;

@@ -197,9 +197,18 @@ impl RecordDecoder {
             fields: Arc::new(Schema::new(fields)),
             composite: shape.composite_endpoints(),
         };
+        let unwrap = Unwrap::new(mapping, ty, &shape, &values.fields)?;
+        // Under an Avro envelope the stage hands on JSON rows.
+        let rows = match &unwrap {
+            Some(u) if u.avro().is_some() => &Mapping {
+                format: crate::config::ValueFormatName::Json,
+                ..mapping.clone()
+            },
+            _ => mapping,
+        };
         Ok(RecordDecoder {
-            unwrap: Unwrap::new(mapping, ty, &shape, &values.fields)?,
-            format: Format::of(mapping, ty, values, batch_size)?,
+            format: Format::of(rows, ty, values, batch_size)?,
+            unwrap,
             keys: KeyFormat::new(mapping, ty, &shape, batch_size)?,
             ty: ty.clone(),
             shape,
@@ -254,7 +263,7 @@ impl RecordDecoder {
     pub fn unlearned(&self, records: &[SourceRecord<'_>]) -> Vec<(u32, usize)> {
         let mut out: Vec<(u32, usize)> = Vec::new();
         for (i, r) in records.iter().enumerate() {
-            if let Some(id) = r.value.and_then(|v| self.format.unlearned(v)) {
+            if let Some(id) = r.value.and_then(|v| self.unlearned_id(v)) {
                 if !out.iter().any(|(seen, _)| *seen == id) {
                     out.push((id, i));
                 }
@@ -266,7 +275,10 @@ impl RecordDecoder {
     /// Registry formats: the schema id framed in `value`, if it must be
     /// fetched (`learn`) before `decode`.
     pub fn unlearned_id(&self, value: &[u8]) -> Option<u32> {
-        self.format.unlearned(value)
+        match self.unwrap.as_ref().and_then(Unwrap::avro) {
+            Some(events) => events.unlearned(value),
+            None => self.format.unlearned(value),
+        }
     }
 
     /// The first schema id a record's key or value is framed with that
@@ -280,7 +292,7 @@ impl RecordDecoder {
             .map(|id| (Subject::Key, id))
             .or_else(|| {
                 value
-                    .and_then(|v| self.format.unlearned(v))
+                    .and_then(|v| self.unlearned_id(v))
                     .map(|id| (Subject::Value, id))
             })
     }
@@ -297,12 +309,15 @@ impl RecordDecoder {
     /// Registry formats: why values of schema `id` are refused, if they
     /// are (it does not resolve to the type, or the registry lacks it).
     pub fn refusal(&self, id: u32) -> Option<(RejectCode, String)> {
-        self.format.refused(id)
+        match self.unwrap.as_ref().and_then(Unwrap::avro) {
+            Some(events) => events.refused(id),
+            None => self.format.refused(id),
+        }
     }
 
     /// Registry formats: what the registry holds for the values' schema `id`.
     pub fn learn(&mut self, id: u32, schema: Learned) {
-        self.format.learn(id, schema);
+        self.learn_subject(Subject::Value, id, schema);
     }
 
     /// Registry formats: what the registry holds for schema `id` of a key
@@ -310,7 +325,10 @@ impl RecordDecoder {
     pub fn learn_subject(&mut self, subject: Subject, id: u32, schema: Learned) {
         match subject {
             Subject::Key => self.keys.learn(id, schema),
-            Subject::Value => self.format.learn(id, schema),
+            Subject::Value => match self.unwrap.as_mut().and_then(Unwrap::avro_mut) {
+                Some(events) => events.learn(id, schema),
+                None => self.format.learn(id, schema),
+            },
         }
     }
 
@@ -319,8 +337,8 @@ impl RecordDecoder {
     pub fn decode(&mut self, records: &[SourceRecord<'_>]) -> Result<Decoded> {
         let (mut out, rejects) = match self.unwrap.take() {
             None => self.decode_records(records)?,
-            Some(unwrap) => {
-                let out = self.decode_changes(&unwrap, records);
+            Some(mut unwrap) => {
+                let out = self.decode_changes(&mut unwrap, records);
                 self.unwrap = Some(unwrap);
                 out?
             }
@@ -385,7 +403,7 @@ impl RecordDecoder {
     /// and every reject carries the record as it arrived.
     fn decode_changes(
         &mut self,
-        unwrap: &Unwrap,
+        unwrap: &mut Unwrap,
         records: &[SourceRecord<'_>],
     ) -> Result<(Decoded, Indexed)> {
         let mut rejects = Vec::new();

@@ -49,7 +49,11 @@ pub(super) fn payload(mut o: Map<String, Value>) -> Result<Map<String, Value>, R
 /// d deletes what `before` names; t (truncate) is refused, as is any other
 /// op.
 pub(super) fn debezium(value: &[u8]) -> Result<Event, Refusal> {
-    let mut p = payload(object(value)?)?;
+    debezium_event(payload(object(value)?)?)
+}
+
+/// A Debezium event's payload (from JSON, or from Avro as JSON).
+pub(super) fn debezium_event(mut p: Map<String, Value>) -> Result<Event, Refusal> {
     let op = match p.get("op") {
         Some(Value::String(op)) => op.clone(),
         Some(other) => {

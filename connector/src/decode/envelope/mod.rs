@@ -8,6 +8,7 @@
 //! A mapping with neither never builds this stage: its values go to the
 //! format untouched (docs/decisions/0010-change-streams.md).
 
+mod avro;
 mod encodings;
 mod events;
 mod fields;
@@ -15,7 +16,7 @@ mod fields;
 use arrow_schema::Schema;
 use serde_json::{Map, Value};
 
-use crate::config::{pointer_tokens, EnvelopeName, KeyOrigin, KeySource, Mapping};
+use crate::config::{pointer_tokens, EnvelopeName, KeyOrigin, KeySource, Mapping, ValueFormatName};
 use crate::error::{Error, Result};
 use crate::rejects::RejectCode;
 use crate::schema::GraphType;
@@ -23,6 +24,7 @@ use crate::schema::GraphType;
 use super::keys::scalar_text;
 use super::shape::{EdgeId, Shape};
 use super::SourceRecord;
+pub(super) use avro::AvroEvents;
 use events::Event;
 use fields::{get, Fields, Refusal};
 
@@ -48,6 +50,8 @@ pub(super) enum Change {
 enum Envelope {
     None,
     Debezium,
+    /// Debezium events in Avro, as JSON objects (avro.rs).
+    DebeziumAvro(AvroEvents),
     OpField {
         op: Vec<String>,
         deletes: Vec<String>,
@@ -92,6 +96,9 @@ impl Unwrap {
         let tokens = |p: &str| pointer_tokens(p).map_err(Error::config);
         let envelope = match mapping.envelope {
             EnvelopeName::None => Envelope::None,
+            EnvelopeName::Debezium if mapping.format == ValueFormatName::Avro => {
+                Envelope::DebeziumAvro(AvroEvents::default())
+            }
             EnvelopeName::Debezium => Envelope::Debezium,
             EnvelopeName::OpField => Envelope::OpField {
                 op: tokens(mapping.op_path.as_deref().unwrap_or_default())?,
@@ -137,25 +144,26 @@ impl Unwrap {
     }
 
     /// What `r` asks.
-    pub(super) fn change(&self, r: &SourceRecord<'_>) -> Change {
+    pub(super) fn change(&mut self, r: &SourceRecord<'_>) -> Change {
         match self.try_change(r) {
             Ok(c) => c,
             Err((code, m)) => Change::Refuse(code, m),
         }
     }
 
-    fn try_change(&self, r: &SourceRecord<'_>) -> std::result::Result<Change, Refusal> {
+    fn try_change(&mut self, r: &SourceRecord<'_>) -> std::result::Result<Change, Refusal> {
         let key = self.plain_key(r.key);
         let Some(value) = r.value else {
             return Ok(match (&self.envelope, key) {
-                // The event before it carried the delete (docs/cdc.md).
-                (Envelope::Debezium | Envelope::OpField { .. }, _) => Change::Skip,
                 (Envelope::None, key) => Change::Delete { key },
+                // The event before it carried the delete (docs/cdc.md).
+                _ => Change::Skip,
             });
         };
-        let event = match &self.envelope {
+        let event = match &mut self.envelope {
             Envelope::None => Event::Upsert(events::object(value)?),
             Envelope::Debezium => events::debezium(value)?,
+            Envelope::DebeziumAvro(avro) => events::debezium_event(avro.object(value)?)?,
             Envelope::OpField { op, deletes, data } => events::op_field(value, op, deletes, data)?,
         };
         match event {
@@ -205,6 +213,7 @@ impl Unwrap {
     /// parts by the same paths as the row's. Any other key stays as it is.
     fn plain_key(&self, key: Option<&[u8]>) -> Option<Vec<u8>> {
         let key = key?;
+        // Keys in a registry format become plain text after this stage.
         if matches!(self.envelope, Envelope::None) || key.first() != Some(&b'{') {
             return Some(key.to_vec());
         }
@@ -241,6 +250,22 @@ impl Unwrap {
                 Some(serde_json::to_string(&[text(src)?, text(dst)?]).expect("strings"))
             }
             Ids::NodeFromKafka | Ids::EdgeFromKafka | Ids::Coordinates => None,
+        }
+    }
+
+    /// Debezium events in Avro: the registry's part (the format's, for
+    /// other mappings).
+    pub(super) fn avro(&self) -> Option<&AvroEvents> {
+        match &self.envelope {
+            Envelope::DebeziumAvro(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    pub(super) fn avro_mut(&mut self) -> Option<&mut AvroEvents> {
+        match &mut self.envelope {
+            Envelope::DebeziumAvro(a) => Some(a),
+            _ => None,
         }
     }
 
