@@ -34,7 +34,7 @@ const KNOWS: &str = r#"{"type":"record","name":"Knows","namespace":"gs.test","fi
 
 /// Apicurio's Confluent-compatible URL. Never skips: scripts/test.sh
 /// starts Apicurio and sets it.
-fn apicurio() -> String {
+pub(crate) fn apicurio() -> String {
     std::env::var("GRAPHSINK_TEST_REGISTRY").expect(
         "GRAPHSINK_TEST_REGISTRY is not set: run `bash scripts/test.sh`, which starts Apicurio Registry (use_registry), or point it at a Confluent-compatible registry",
     )
@@ -43,7 +43,12 @@ fn apicurio() -> String {
 /// Confluent's serializer frames `records` under `schema` (registering it
 /// as `<topic>-value`); each framed value, and what Confluent's
 /// deserializer reads back from it.
-fn encode(registry: &str, topic: &str, schema: &str, records: &[Value]) -> Vec<(Vec<u8>, Value)> {
+pub(crate) fn encode(
+    registry: &str,
+    topic: &str,
+    schema: &str,
+    records: &[Value],
+) -> Vec<(Vec<u8>, Value)> {
     encode_as("avro", registry, topic, schema, records)
 }
 
@@ -140,7 +145,7 @@ fn raw(partition: i32, key: &str, value: Option<Vec<u8>>) -> RawRec {
     }
 }
 
-fn registry_toml(url: &str) -> String {
+pub(crate) fn registry_toml(url: &str) -> String {
     format!("[schema_registry]\nurl = \"{url}\"\ntimeout = \"2s\"\n")
 }
 

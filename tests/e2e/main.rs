@@ -1,6 +1,7 @@
 //! End-to-end tests: a real Kafka-protocol broker on loopback, real Lance
 //! tables on disk, the real binary where a process must die.
 
+mod cdc;
 mod edges;
 mod evolution;
 mod formats;
