@@ -38,6 +38,12 @@ pub(crate) struct Args {
     /// skipped for the others.
     #[arg(long, value_enum, default_value_t = formats::Format::Json)]
     pub format: formats::Format,
+    /// JSON values wrapped as Debezium change events (`debezium`: the bare
+    /// event; `debezium-schema`: in the JSON converter's `{schema,
+    /// payload}`), read by graphsink with `envelope = "debezium"` and one
+    /// field path (docs/cdc.md); `none` (default) is today's plain values.
+    #[arg(long, value_enum, default_value_t = formats::Envelope::None)]
+    pub envelope: formats::Envelope,
     /// Fraction of the records that are edges (`Link: Item -> Item`, on a
     /// second topic, endpoints drawn from the backlog's node records); 0
     /// produces node records only.

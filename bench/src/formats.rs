@@ -37,6 +37,61 @@ impl Format {
     }
 }
 
+/// `--envelope`: JSON values as they are, or wrapped as Debezium change
+/// events (`c` with `after` the same object), bare or in the JSON
+/// converter's `{schema, payload}` (`schemas.enable = true`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Envelope {
+    #[default]
+    None,
+    Debezium,
+    DebeziumSchema,
+}
+
+/// The `source` block of the bench's Debezium events, as Debezium's
+/// PostgreSQL connector writes it (docs/cdc.md).
+const SOURCE: &str = r#""source":{"version":"2.7.4.Final","connector":"postgresql","name":"bench","ts_ms":1733500000000,"snapshot":"false","db":"bench","sequence":"[\"24023119\",\"24023128\"]","schema":"public","table":"items","txId":555,"lsn":24023128,"xmin":null}"#;
+
+/// A compact Connect schema part of the size Debezium writes for a
+/// three-column table (its `before`, `after` and `source` structs).
+const SCHEMA: &str = r#"{"type":"struct","fields":[{"type":"struct","fields":[{"type":"string","optional":false,"field":"sku"},{"type":"int64","optional":false,"field":"seq"},{"type":"string","optional":true,"field":"pad"}],"optional":true,"name":"bench.public.items.Value","field":"before"},{"type":"struct","fields":[{"type":"string","optional":false,"field":"sku"},{"type":"int64","optional":false,"field":"seq"},{"type":"string","optional":true,"field":"pad"}],"optional":true,"name":"bench.public.items.Value","field":"after"},{"type":"struct","fields":[{"type":"string","optional":false,"field":"version"},{"type":"string","optional":false,"field":"connector"},{"type":"string","optional":false,"field":"name"},{"type":"int64","optional":false,"field":"ts_ms"},{"type":"string","optional":true,"name":"io.debezium.data.Enum","version":1,"parameters":{"allowed":"true,last,false,incremental"},"default":"false","field":"snapshot"},{"type":"string","optional":false,"field":"db"},{"type":"string","optional":true,"field":"sequence"},{"type":"string","optional":false,"field":"schema"},{"type":"string","optional":false,"field":"table"},{"type":"int64","optional":true,"field":"txId"},{"type":"int64","optional":true,"field":"lsn"},{"type":"int64","optional":true,"field":"xmin"}],"optional":false,"name":"io.debezium.connector.postgresql.Source","field":"source"},{"type":"string","optional":false,"field":"op"},{"type":"int64","optional":true,"field":"ts_ms"}],"optional":false,"name":"bench.public.items.Envelope","version":1}"#;
+
+impl Envelope {
+    /// The mapping's lines: the envelope, and one path (`seq`), so the
+    /// stage's path step is measured too.
+    pub(crate) fn config_lines(self) -> &'static str {
+        match self {
+            Envelope::None => "",
+            _ => "envelope = \"debezium\"\nfields = { seq = \"/seq\" }\n",
+        }
+    }
+
+    fn wrap(self, json: String) -> String {
+        match self {
+            Envelope::None => json,
+            Envelope::Debezium => event(&json),
+            Envelope::DebeziumSchema => {
+                format!(r#"{{"schema":{SCHEMA},"payload":{}}}"#, event(&json))
+            }
+        }
+    }
+}
+
+fn event(after: &str) -> String {
+    format!(r#"{{"before":null,"after":{after},{SOURCE},"op":"c","ts_ms":1733500000100}}"#)
+}
+
 /// The writer schemas, one per topic: the fields of workload.rs's records,
 /// with the types the `.pg` schema declares (`I64` ← Avro `long`, Protobuf
 /// `int64`).
@@ -57,6 +112,9 @@ pub(crate) struct Values {
     pub registry_url: Option<String>,
     /// The registered schema ids of the node and the edge topic's subject.
     pub ids: [u32; 2],
+    /// JSON only: the change envelope around each value (`--envelope`).
+    #[serde(default)]
+    pub envelope: Envelope,
 }
 
 impl Values {
@@ -65,6 +123,7 @@ impl Values {
             format: Format::Json,
             registry_url: None,
             ids: [0, 0],
+            envelope: Envelope::None,
         }
     }
 
@@ -91,6 +150,7 @@ impl Values {
             format,
             registry_url: Some(registry.url()),
             ids: [node, edge],
+            envelope: Envelope::None,
         }
     }
 }
@@ -98,7 +158,7 @@ impl Values {
 /// Encodes records' fields as the run's format.
 #[derive(Clone)]
 pub(crate) enum Codec {
-    Json,
+    Json(Envelope),
     Avro {
         ids: [u32; 2],
     },
@@ -111,7 +171,7 @@ pub(crate) enum Codec {
 impl Codec {
     pub(crate) fn of(v: &Values) -> Result<Codec, BoxError> {
         Ok(match v.format {
-            Format::Json => Codec::Json,
+            Format::Json => Codec::Json(v.envelope),
             Format::Avro => Codec::Avro { ids: v.ids },
             Format::Protobuf => Codec::Protobuf {
                 ids: v.ids,
@@ -126,7 +186,10 @@ impl Codec {
     /// The values of `recs`, in order, framed for the registry formats.
     pub(crate) fn encode(&self, recs: &[(Kind, Fields)]) -> Result<Vec<Vec<u8>>, BoxError> {
         match self {
-            Codec::Json => Ok(recs.iter().map(|(_, f)| f.json().into_bytes()).collect()),
+            Codec::Json(e) => Ok(recs
+                .iter()
+                .map(|(_, f)| e.wrap(f.json()).into_bytes())
+                .collect()),
             Codec::Avro { ids } => avro(recs, ids),
             Codec::Protobuf { ids, messages } => recs
                 .iter()
@@ -288,6 +351,24 @@ mod tests {
             format: Format::Json,
             registry_url: None,
             ids: [7, 9],
+            envelope: Envelope::None,
+        }
+    }
+
+    #[test]
+    fn debezium_envelopes_wrap_the_same_row() {
+        let recs = recs();
+        let plain = Codec::Json(Envelope::None).encode(&recs).unwrap();
+        for e in [Envelope::Debezium, Envelope::DebeziumSchema] {
+            for (wrapped, plain) in Codec::Json(e).encode(&recs).unwrap().iter().zip(&plain) {
+                let mut v: serde_json::Value = serde_json::from_slice(wrapped).unwrap();
+                if e == Envelope::DebeziumSchema {
+                    v = v["payload"].take();
+                }
+                assert_eq!(v["op"], "c");
+                let row: serde_json::Value = serde_json::from_slice(plain).unwrap();
+                assert_eq!(v["after"], row);
+            }
         }
     }
 
@@ -385,7 +466,7 @@ mod tests {
     #[test]
     fn json_is_the_bench_s_old_value() {
         let recs = recs();
-        let out = Codec::Json.encode(&recs).unwrap();
+        let out = Codec::Json(Envelope::None).encode(&recs).unwrap();
         assert_eq!(out[0], recs[0].1.json().into_bytes());
         assert_eq!(out[0].len(), 100);
     }

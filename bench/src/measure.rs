@@ -324,7 +324,7 @@ fn config_text(
     // Only the registry formats name theirs: a JSON run's config is the
     // one the bench always wrote.
     let format = match t.values.format {
-        crate::formats::Format::Json => String::new(),
+        crate::formats::Format::Json => t.values.envelope.config_lines().to_string(),
         f => format!("format = \"{}\"\n", f.config_name()),
     };
     format!(

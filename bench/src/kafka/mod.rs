@@ -144,6 +144,10 @@ impl Run {
             coerce: a.coerce.clone(),
             values: formats::Values::json(),
         };
+        t.values.envelope = a.envelope;
+        if a.envelope != formats::Envelope::None && a.format != formats::Format::Json {
+            return Err("--envelope wraps JSON values: it needs --format json".into());
+        }
         if a.format != formats::Format::Json && a.bad_fraction > 0.0 {
             return Err(
                 "--bad-fraction needs --format json (its `seq: \"x\"` is JSON only)".into(),

@@ -32,9 +32,9 @@ impl Run {
         r.bare_records_per_s = bare.rate();
         r.bare_peak_rss_mib = measure::peak_rss_mib();
 
-        if a.format != formats::Format::Json {
+        if a.format != formats::Format::Json || a.envelope != formats::Envelope::None {
             r.notes
-                .push("direct load not run: it reads JSON values only".into());
+                .push("direct load not run: it reads plain JSON values only".into());
             return Ok(());
         }
         eprintln!("(b) direct load ...");
