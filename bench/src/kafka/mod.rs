@@ -144,10 +144,7 @@ impl Run {
             coerce: a.coerce.clone(),
             values: formats::Values::json(),
         };
-        t.values.envelope = a.envelope;
-        if a.envelope != formats::Envelope::None && a.format != formats::Format::Json {
-            return Err("--envelope wraps JSON values: it needs --format json".into());
-        }
+        t.values.envelope = checked_envelope(a)?;
         if a.format != formats::Format::Json && a.bad_fraction > 0.0 {
             return Err(
                 "--bad-fraction needs --format json (its `seq: \"x\"` is JSON only)".into(),
@@ -295,4 +292,12 @@ fn add_notes(a: &Args, r: &mut Report) {
     }));
     r.notes.push("direct load: plain Lance tables keyed on sku (nodes) and the Kafka key (edges), no provenance columns, no endpoint checks, no graph commit; the bare and direct baselines read a backlog that earlier phases may have warmed in the broker".into());
     r.notes.push("every phase stops at end offsets taken from the producer's acks (not the broker's high watermarks) and is checked to have consumed exactly the produced records".into());
+}
+
+/// `--envelope`, which wraps JSON values only.
+fn checked_envelope(a: &Args) -> Result<formats::Envelope, BoxError> {
+    if a.envelope != formats::Envelope::None && a.format != formats::Format::Json {
+        return Err("--envelope wraps JSON values: it needs --format json".into());
+    }
+    Ok(a.envelope)
 }

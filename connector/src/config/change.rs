@@ -220,6 +220,14 @@ impl Mapping {
                 at("key_format")
             )));
         }
+        self.validate_paths(i)
+    }
+
+    /// `[mapping.fields]` and pointer keys and endpoints: each a pointer,
+    /// `scale` only with `decimal`, and no two paths where one holds the
+    /// other.
+    fn validate_paths(&self, i: usize) -> Result<()> {
+        let at = |what: &str| format!("mapping[{i}].{what}");
         let mut pointers: Vec<(String, String)> = Vec::new();
         for (p, source) in &self.fields {
             let ptr = source.pointer(p);
