@@ -73,6 +73,21 @@ if [ "$status" -eq 0 ] && { [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_DEPL
     bash scripts/check-deploy.sh || status=$?
 fi
 
+# Real Debezium (scripts/debezium/): a PostgreSQL cluster's changes,
+# captured by Debezium's connector in Kafka Connect 4.4, through the broker
+# into the shop graph, checked against what the database says. Only for
+# the whole suite or when GRAPHSINK_DEBEZIUM=1.
+if [ "$status" -eq 0 ] && [ "${GRAPHSINK_TEST_BROKER_BACKEND:-kafka}" = kafka ] &&
+    { [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_DEBEZIUM:-}" = 1 ]; }; then
+    log "real Debezium into the shop graph (scripts/debezium/run.sh)"
+    dbz_dir="$(mktemp -d /tmp/graphsink-debezium.XXXXXX)"
+    if GRAPHSINK_TEST_BROKER= GRAPHSINK_DEBEZIUM_DIR="$dbz_dir" bash scripts/debezium/run.sh; then
+        rm -rf "$dbz_dir"
+    else
+        status=1; log "real Debezium failed; its work dir is kept: $dbz_dir"
+    fi
+fi
+
 # The reliability harness's short form (RELIABILITY.md): a fixed seed, 33
 # kill -9 trials (every failpoint once), a broker freeze, a dead-letter outage, broker restarts and
 # a full disk, each checked by the independent checker. It starts its own

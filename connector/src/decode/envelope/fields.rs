@@ -88,6 +88,11 @@ impl Fields {
                     Shape::Edge { src, dst, .. } if column == src.field || column == dst.field => {
                         Some(RejectCode::MissingEndpoint)
                     }
+                    // Nullable in the value schema (the key may come from
+                    // elsewhere), but this mapping takes it from here.
+                    Shape::Node(_) if mapping.key_field() == Some(column.as_str()) => {
+                        Some(RejectCode::MissingKey)
+                    }
                     _ => missing,
                 };
                 Ok(Mapped {

@@ -406,3 +406,23 @@ fn real_keys_name_rows_and_a_real_truncate_is_refused() {
         .unwrap();
     assert_eq!(codes(&out), [(0, "unsupported_op")]);
 }
+
+#[test]
+fn a_key_field_takes_a_pointer_too() {
+    let mut d = shop("topic = 'c'\nnode = 'Customer'\nkey = { field = '/customer/id' }\nunknown_fields = 'ignore'");
+    let out = d
+        .decode(&[
+            rec(0, None, Some(r#"{"customer":{"id":7},"name":"Ann"}"#)),
+            rec(1, None, Some(r#"{"customer":{},"name":"Bo"}"#)),
+        ])
+        .unwrap();
+    assert_eq!(codes(&out), [(1, "missing_key")]);
+    assert!(
+        out.rejects[0].message.contains("/customer/id"),
+        "{}",
+        out.rejects[0].message
+    );
+    let up = out.upserts.unwrap();
+    assert_eq!(ids(&up), ["7"]);
+    assert_eq!(col(&up, "name"), ["Ann"]);
+}
