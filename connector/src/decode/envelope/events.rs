@@ -3,6 +3,8 @@
 //! `{schema, payload}` wrapper, decided per record by looking) or from a
 //! generic event whose op and row sit at configured paths.
 
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::rejects::RejectCode;
@@ -45,32 +47,69 @@ pub(super) fn payload(mut o: Map<String, Value>) -> Result<Map<String, Value>, R
     Ok(o)
 }
 
-/// A Debezium change event (docs/cdc.md): `op` c, r, u upsert `after`;
-/// d deletes what `before` names; t (truncate) is refused, as is any other
-/// op.
-pub(super) fn debezium(value: &[u8]) -> Result<Event, Refusal> {
-    debezium_event(payload(object(value)?)?)
+/// The parts of a Debezium event graphsink reads, taken in one serde pass
+/// that skips the rest (`source`, `ts_*`, `transaction`, the converter's
+/// `schema`) without building it.
+#[derive(Deserialize)]
+struct Parts {
+    op: Option<Value>,
+    before: Option<Value>,
+    after: Option<Value>,
+    /// The JSON converter's `schemas.enable = true` wrapper: the event.
+    payload: Option<Box<Parts>>,
+    #[allow(dead_code)]
+    schema: Option<IgnoredAny>,
 }
 
-/// A Debezium event's payload (from JSON, or from Avro as JSON).
+/// A Debezium change event (docs/cdc.md): `op` c, r, u upsert `after`;
+/// d deletes what `before` names; t (truncate) is refused, as is any other
+/// op. With or without the converter's `{schema, payload}`.
+pub(super) fn debezium(value: &[u8]) -> Result<Event, Refusal> {
+    let text = std::str::from_utf8(value)
+        .map_err(|e| (RejectCode::NotUtf8, format!("value is not UTF-8: {e}")))?;
+    let mut parts: Parts = serde_json::from_str(text).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => (
+            RejectCode::NotAnObject,
+            format!("value is not a JSON object (or its converter payload is not): {e}"),
+        ),
+        _ => (RejectCode::MalformedJson, format!("value is not JSON: {e}")),
+    })?;
+    if parts.op.is_none() && parts.before.is_none() && parts.after.is_none() {
+        if let Some(inner) = parts.payload.take() {
+            parts = *inner;
+        }
+    }
+    op_event(parts.op, parts.before, parts.after)
+}
+
+/// A Debezium event's payload as a JSON object (from Avro).
 pub(super) fn debezium_event(mut p: Map<String, Value>) -> Result<Event, Refusal> {
-    let op = match p.get("op") {
-        Some(Value::String(op)) => op.clone(),
+    op_event(p.remove("op"), p.remove("before"), p.remove("after"))
+}
+
+/// What a Debezium op asks of its `before` and `after`.
+fn op_event(
+    op: Option<Value>,
+    before: Option<Value>,
+    after: Option<Value>,
+) -> Result<Event, Refusal> {
+    let op = match op {
+        Some(Value::String(op)) => op,
+        Some(Value::Null) | None => {
+            return Err((
+                RejectCode::UnknownOp,
+                "the value has no op: it is not a Debezium change event".into(),
+            ))
+        }
         Some(other) => {
             return Err((
                 RejectCode::UnknownOp,
                 format!("op {other} is not a Debezium op"),
             ))
         }
-        None => {
-            return Err((
-                RejectCode::UnknownOp,
-                "the value has no op: it is not a Debezium change event".into(),
-            ))
-        }
     };
     match op.as_str() {
-        "c" | "r" | "u" => match p.remove("after") {
+        "c" | "r" | "u" => match after {
             Some(Value::Object(after)) => Ok(Event::Upsert(after)),
             Some(Value::Null) | None => Err((
                 RejectCode::MissingAfter,
@@ -81,7 +120,7 @@ pub(super) fn debezium_event(mut p: Map<String, Value>) -> Result<Event, Refusal
                 format!("op {op:?}: after is not an object but {}", kind(&other)),
             )),
         },
-        "d" => Ok(Event::Delete(match p.remove("before") {
+        "d" => Ok(Event::Delete(match before {
             Some(Value::Object(before)) => Some(before),
             _ => None,
         })),
