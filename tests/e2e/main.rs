@@ -8,6 +8,7 @@ mod group;
 mod harness;
 mod ops;
 mod pipeline;
+mod read;
 mod recovery;
 mod rejects;
 mod retention;
