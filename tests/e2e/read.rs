@@ -433,6 +433,26 @@ async fn reads_at_the_head_a_commit_and_fresh(backend: Backend) {
         "{n}"
     );
 
+    // Acknowledged, in no generation yet: the WAL's tail, read from here
+    // as another process would (no claim on the writer's shards).
+    write(
+        &pool,
+        &mut dp,
+        PERSON,
+        &people,
+        30,
+        &[person("g", 7), person("a", 21)],
+    )
+    .await;
+    let fresh = ages(&g.read(&req(ReadAt::Fresh)).await.unwrap());
+    assert_eq!(fresh.get("g"), Some(&wal(7)), "{fresh:?}");
+    assert_eq!(fresh.get("a"), Some(&wal(21)), "{fresh:?}");
+    let got = g.read(&ids(&["g", "d"], ReadAt::Fresh)).await.unwrap();
+    assert_eq!(
+        ages(&got),
+        BTreeMap::from([("g".into(), wal(7)), ("d".into(), base(4))])
+    );
+
     // An expired commit: exit 4, "has expired".
     fold(&g, &pool).await;
     let window = Window {

@@ -1,7 +1,8 @@
 //! A fresh read: the table at the head's pinned version V merged with every
-//! flushed generation above V's compacted markers, by Lance's `LsmScanner`
-//! (newest row per id, generation order, tombstones hide rows). graphsink
-//! only builds the shard snapshots (Lance builds none) and names the tier.
+//! flushed generation above V's compacted markers and each shard's WAL
+//! tail (`tail`), by Lance's `LsmScanner` (newest row per id, generation
+//! order, tombstones hide rows). graphsink only builds the shard snapshots
+//! (Lance builds none) and names the tier.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt64Array};
 use futures::TryStreamExt;
 use lance::dataset::mem_wal::scanner::exec::MEMTABLE_GEN_COLUMN;
+use lance::dataset::mem_wal::scanner::InMemoryMemTables;
 use lance::dataset::mem_wal::{LsmScanner, ShardSnapshot};
 use lance::Dataset;
 
@@ -26,7 +28,9 @@ const ATTEMPTS: usize = 3;
 pub(crate) struct FreshSource {
     pub base: Arc<Dataset>,
     pub snapshots: Vec<ShardSnapshot>,
-    /// Unfolded generations in all (0: the read is the base alone).
+    /// Each shard's WAL tail, as a memtable.
+    pub tails: Vec<(uuid::Uuid, InMemoryMemTables)>,
+    /// Unfolded generations and tails in all (0: the read is the base alone).
     pub generations: usize,
 }
 
@@ -58,9 +62,11 @@ pub(super) async fn read(
                 attempt += 1;
                 commit = graph.head().await?;
             }
-            Err(Retry::Again(why)) => return Err(Error::Broker(format!(
+            Err(Retry::Again(why)) => {
+                return Err(Error::Broker(format!(
                 "fresh read of {table}: generations kept moving under the read ({why}); try again"
-            ))),
+            )))
+            }
             Err(Retry::Fail(e)) => return Err(e),
         }
     }
@@ -176,6 +182,9 @@ fn scanner(src: &FreshSource, req: &ReadRequest) -> Result<LsmScanner> {
         src.snapshots.clone(),
         vec![ID.to_string()],
     );
+    for (shard, tail) in &src.tails {
+        sc = sc.with_in_memory_memtables(*shard, tail.clone());
+    }
     if let Some(cols) = &req.columns {
         sc = sc.project(cols).ctx("--columns")?;
     }
@@ -198,9 +207,10 @@ fn tiers_of(b: &RecordBatch) -> Result<ArrayRef> {
 }
 
 /// The table at the commit's version and, per shard, the flushed
-/// generations above that version's compacted marker. `None` when a
-/// shard's generations have a gap above its marker: retention trimmed
-/// what a newer head folded, so the read must start again at that head.
+/// generations above that version's compacted marker and the WAL's tail.
+/// `None` when the read must start again at a newer head: a shard's
+/// generations have a gap above its marker (retention trimmed what a newer
+/// head folded), or a flush moved its replay mark while its tail was read.
 pub(crate) async fn source(
     graph: &Graph,
     commit: &GraphCommit,
@@ -209,6 +219,7 @@ pub(crate) async fn source(
     let base = open_pinned(graph, commit, table).await?;
     let markers = shards::compacted_markers(&base).await?;
     let mut snapshots = Vec::new();
+    let mut tails = Vec::new();
     let mut generations = 0;
     for bucket in 0..shards::shard_count_or(graph, table, 0) {
         let sid = shards::shard_id(table, bucket);
@@ -230,10 +241,25 @@ pub(crate) async fn source(
             generations += 1;
         }
         snapshots.push(snap);
+        if let Some(t) = super::tail::wal_memtable(&base, sid, &m).await? {
+            tails.push((sid, t));
+            generations += 1;
+        }
+        let Some(after) = shards::latest_manifest(&base, sid).await? else {
+            return Ok(None);
+        };
+        if (
+            after.replay_after_wal_entry_position,
+            after.current_generation,
+        ) != (m.replay_after_wal_entry_position, m.current_generation)
+        {
+            return Ok(None);
+        }
     }
     Ok(Some(FreshSource {
         base: Arc::new(base),
         snapshots,
+        tails,
         generations,
     }))
 }

@@ -9,6 +9,7 @@
 
 mod fresh;
 mod neighbors;
+mod tail;
 
 use std::sync::Arc;
 
