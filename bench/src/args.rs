@@ -177,6 +177,10 @@ pub(crate) struct Args {
     pub freshness: u64,
     #[arg(long, default_value_t = 200)]
     pub freshness_rate: u64,
+    /// Instead of the Kafka phases: the cost of `neighbors`' access path
+    /// (a Lance scan filtered on `src`/`dst`) on an edge table of N rows.
+    #[arg(long, default_value_t = 0)]
+    pub hop_edges: u64,
     /// Internal: the reader child of `--freshness`.
     #[arg(long, hide = true)]
     pub freshness_reader: Option<PathBuf>,

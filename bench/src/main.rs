@@ -24,6 +24,7 @@ mod evolve;
 mod formats;
 mod freshness;
 mod history;
+mod hop;
 mod kafka;
 mod measure;
 mod report;
@@ -78,6 +79,9 @@ async fn run(a: Args) -> Result<(), BoxError> {
     };
     if a.storage > 0 {
         return storage_mode(&a, &dir).await;
+    }
+    if a.hop_edges > 0 {
+        return hop::run(&dir, a.hop_edges).await;
     }
     if a.freshness > 0 {
         let broker = match &a.broker {
