@@ -290,6 +290,22 @@ async fn reads_at_the_head_a_commit_and_fresh(backend: Backend) {
     );
     let got = g.read(&ids(&["e"], ReadAt::Fresh)).await.unwrap();
     assert_eq!(ages(&got), BTreeMap::from([("e".into(), wal(5))]));
+    // Columns without the id: still looked up by it, and left out.
+    let got = g
+        .read(&ReadRequest {
+            columns: Some(vec!["age".into()]),
+            ..ids(&["e", "d"], ReadAt::Fresh)
+        })
+        .await
+        .unwrap();
+    let names: Vec<&str> = got
+        .schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect();
+    assert_eq!(names, ["age", "_tier"]);
+    assert_eq!(got.num_rows(), 2);
     let got = g.read(&ids(&["a", "c"], ReadAt::Head)).await.unwrap();
     assert_eq!(
         ages(&got),

@@ -43,9 +43,7 @@ pub(super) async fn read(
     let mut attempt = 1;
     loop {
         match read_once(graph, &commit, &table, req).await {
-            Ok(batches) => {
-                let base = open_pinned(graph, &commit, &table).await?;
-                let schema = output_schema(&base, req.columns.as_deref(), true)?;
+            Ok((schema, batches)) => {
                 let batches = batches
                     .iter()
                     .map(|(b, t)| reproject(b, &schema, Some(t.clone())))
@@ -95,24 +93,27 @@ fn is_gone(e: &lance::Error) -> bool {
     ) || e.to_string().contains("Not found")
 }
 
-/// Rows and their tiers, one attempt.
+/// Rows, each batch with its tiers.
+type Tiered = Vec<(RecordBatch, ArrayRef)>;
+
+/// One attempt: the output's columns, and the rows read.
 async fn read_once(
     graph: &Graph,
     commit: &GraphCommit,
     table: &str,
     req: &ReadRequest,
-) -> std::result::Result<Vec<(RecordBatch, ArrayRef)>, Retry> {
+) -> std::result::Result<(arrow_schema::SchemaRef, Tiered), Retry> {
     let src = source(graph, commit, table).await?;
     let Some(src) = src else {
         return Err(Retry::Again("a shard's generations have a gap".into()));
     };
     // Checked up front so an unknown column is named, not left to Lance.
-    output_schema(&src.base, req.columns.as_deref(), true)?;
+    let schema = output_schema(&src.base, req.columns.as_deref(), true)?;
     if let Some(f) = &req.filter {
         super::whole_filter(f)?;
     }
     if !req.ids.is_empty() && req.filter.is_none() {
-        return Ok(lookup(&src, req).await?);
+        return Ok((schema, lookup(&src, req).await?));
     }
     let filter = combined_filter(&req.ids, req.filter.as_deref());
     let mut sc = scanner(&src, req)?.with_memtable_gen();
@@ -126,14 +127,14 @@ async fn read_once(
         .await
         .map_err(lance::Error::from)
         .ctx(table)?;
-    batches
+    let tiered = batches
         .into_iter()
         .map(|b| {
             let tiers = tiers_of(&b)?;
             Ok((b, tiers))
         })
-        .collect::<Result<_>>()
-        .map_err(Retry::from)
+        .collect::<Result<_>>()?;
+    Ok((schema, tiered))
 }
 
 /// `--id` without a filter: Lance's point-lookup planner (a `pk IN (..)`
@@ -186,7 +187,12 @@ fn scanner(src: &FreshSource, req: &ReadRequest) -> Result<LsmScanner> {
         sc = sc.with_in_memory_memtables(*shard, tail.clone());
     }
     if let Some(cols) = &req.columns {
-        sc = sc.project(cols).ctx("--columns")?;
+        // The id too: a lookup's tier is asked by id (dropped at the end).
+        let mut cols = cols.clone();
+        if !cols.iter().any(|c| c == ID) {
+            cols.push(ID.to_string());
+        }
+        sc = sc.project(&cols).ctx("--columns")?;
     }
     if let Some(n) = req.limit {
         sc = sc.limit(Some(n as i64), None).ctx("--limit")?;
