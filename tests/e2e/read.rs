@@ -574,6 +574,11 @@ async fn a_fresh_read_racing_folds_never_shows_a_row_twice_or_loses_one() {
     let names: Vec<String> = (0..IDS).map(|i| format!("p{i}")).collect();
     let recs: Vec<_> = names.iter().map(|n| person(n, 0)).collect();
     write(&pool, &mut dp, PERSON, &topic, 0, &recs).await;
+    // Before any fold: exactly the acknowledged rows, all from the WAL.
+    let before = ages(&g.read(&req(ReadAt::Fresh)).await.unwrap());
+    let acked: BTreeMap<_, _> = names.iter().map(|n| (n.clone(), wal(0))).collect();
+    assert_eq!(before, acked);
+    assert_eq!(g.read(&req(ReadAt::Head)).await.unwrap().num_rows(), 0);
     fold(&g, &pool).await;
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -620,6 +625,7 @@ async fn a_fresh_read_racing_folds_never_shows_a_row_twice_or_loses_one() {
         .expect("reader ends")
         .expect("no read failed");
     assert!(reads >= 5, "{reads} reads");
+    eprintln!("{reads} fresh reads raced 8 folds and retention runs");
     let last = ages(&g.read(&req(ReadAt::Fresh)).await.unwrap());
     assert!(last.values().all(|(age, _)| *age == Some(8)), "{last:?}");
     pool.close().await.unwrap();
