@@ -222,50 +222,81 @@ pub(crate) async fn source(
     commit: &GraphCommit,
     table: &str,
 ) -> Result<Option<FreshSource>> {
-    let base = open_pinned(graph, commit, table).await?;
+    let base = Arc::new(open_pinned(graph, commit, table).await?);
     let markers = shards::compacted_markers(&base).await?;
-    let mut snapshots = Vec::new();
-    let mut tails = Vec::new();
-    let mut generations = 0;
-    for bucket in 0..shards::shard_count_or(graph, table, 0) {
+    // Shards are read at once: each is its own manifest and WAL.
+    let reads = (0..shards::shard_count_or(graph, table, 0)).map(|bucket| {
         let sid = shards::shard_id(table, bucket);
-        let Some(m) = shards::latest_manifest(&base, sid).await? else {
-            continue;
-        };
         let upto = markers.get(&sid).copied().unwrap_or(0);
-        let listed: HashSet<u64> = m.sstables.iter().map(|g| g.generation).collect();
-        // Generations flush in order (g, then g+1): every one from the
-        // marker up to the writer's current one is listed, unless trimmed.
-        if (upto + 1..m.current_generation).any(|g| !listed.contains(&g)) {
-            return Ok(None);
-        }
-        let mut snap = ShardSnapshot::new(sid)
-            .with_spec_id(m.shard_spec_id)
-            .with_current_generation(m.current_generation);
-        for g in m.sstables.iter().filter(|g| g.generation > upto) {
-            snap = snap.with_sstable(g.generation, g.path.clone());
-            generations += 1;
-        }
-        snapshots.push(snap);
-        if let Some(t) = super::tail::wal_memtable(&base, sid, &m).await? {
-            tails.push((sid, t));
-            generations += 1;
-        }
-        let Some(after) = shards::latest_manifest(&base, sid).await? else {
-            return Ok(None);
-        };
-        if (
-            after.replay_after_wal_entry_position,
-            after.current_generation,
-        ) != (m.replay_after_wal_entry_position, m.current_generation)
-        {
-            return Ok(None);
+        shard(&base, sid, upto)
+    });
+    let mut src = FreshSource {
+        snapshots: Vec::new(),
+        tails: Vec::new(),
+        generations: 0,
+        base: base.clone(),
+    };
+    for s in futures::future::try_join_all(reads).await? {
+        match s {
+            Shard::Absent => {}
+            Shard::Raced => return Ok(None),
+            Shard::Read { snap, tail, count } => {
+                if let Some(t) = tail {
+                    src.tails.push((snap.shard_id, t));
+                }
+                src.snapshots.push(snap);
+                src.generations += count;
+            }
         }
     }
-    Ok(Some(FreshSource {
-        base: Arc::new(base),
-        snapshots,
-        tails,
-        generations,
-    }))
+    Ok(Some(src))
+}
+
+/// What one shard adds to a fresh read.
+enum Shard {
+    /// No manifest: the shard was never written.
+    Absent,
+    /// A flush or retention moved it during the read: read again.
+    Raced,
+    Read {
+        snap: ShardSnapshot,
+        tail: Option<InMemoryMemTables>,
+        /// Generations plus the tail, if any.
+        count: usize,
+    },
+}
+
+/// One shard's generations above `upto` and its WAL tail, with its
+/// manifest read before and after: a moved replay mark or generation
+/// means a flush landed in between.
+async fn shard(base: &Dataset, sid: uuid::Uuid, upto: u64) -> Result<Shard> {
+    let Some(m) = shards::latest_manifest(base, sid).await? else {
+        return Ok(Shard::Absent);
+    };
+    let listed: HashSet<u64> = m.sstables.iter().map(|g| g.generation).collect();
+    // Generations flush in order (g, then g+1): every one from the
+    // marker up to the writer's current one is listed, unless trimmed.
+    if (upto + 1..m.current_generation).any(|g| !listed.contains(&g)) {
+        return Ok(Shard::Raced);
+    }
+    let mut snap = ShardSnapshot::new(sid)
+        .with_spec_id(m.shard_spec_id)
+        .with_current_generation(m.current_generation);
+    let mut count = 0;
+    for g in m.sstables.iter().filter(|g| g.generation > upto) {
+        snap = snap.with_sstable(g.generation, g.path.clone());
+        count += 1;
+    }
+    let tail = super::tail::wal_memtable(base, sid, &m).await?;
+    count += usize::from(tail.is_some());
+    let Some(after) = shards::latest_manifest(base, sid).await? else {
+        return Ok(Shard::Raced);
+    };
+    let mark = |m: &lance_index::mem_wal::ShardManifest| {
+        (m.replay_after_wal_entry_position, m.current_generation)
+    };
+    if mark(&after) != mark(&m) {
+        return Ok(Shard::Raced);
+    }
+    Ok(Shard::Read { snap, tail, count })
 }

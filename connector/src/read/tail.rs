@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
+use futures::{StreamExt, TryStreamExt};
 use lance::dataset::mem_wal::scanner::{InMemoryMemTableRef, InMemoryMemTables};
 use lance::dataset::mem_wal::write::{BatchStore, IndexStore};
 use lance::dataset::mem_wal::WalTailer;
@@ -19,6 +20,9 @@ use uuid::Uuid;
 
 use crate::error::{Context, Error, Result};
 use crate::schema::ID;
+
+/// WAL entries read at once per shard.
+const ENTRY_READS: usize = 16;
 
 /// The durable rows of `shard` past `m`'s replay mark, as one memtable at
 /// the writer's current generation (above every flushed one); `None`
@@ -34,15 +38,22 @@ pub(super) async fn wal_memtable(
         .next_position()
         .await
         .ctx(format!("WAL tip of {shard}"))?;
-    let mut batches: Vec<RecordBatch> = Vec::new();
-    for pos in m.replay_after_wal_entry_position + 1..end {
-        // A missing entry is a fence sentinel's gap or one a retention
-        // run deleted after a flush; the manifest check after the read
-        // catches the second.
-        if let Some(e) = tail.read_entry(pos).await.ctx(format!("WAL of {shard}"))? {
-            batches.extend(e.batches.into_iter().filter(|b| b.num_rows() > 0));
-        }
-    }
+    // Several reads in flight (each entry is one object), kept in WAL
+    // order. A missing entry is a fence sentinel's gap or one a retention
+    // run deleted after a flush; the manifest check after the read
+    // catches the second.
+    let entries: Vec<_> = futures::stream::iter(m.replay_after_wal_entry_position + 1..end)
+        .map(|pos| tail.read_entry(pos))
+        .buffered(ENTRY_READS)
+        .try_collect()
+        .await
+        .ctx(format!("WAL of {shard}"))?;
+    let batches: Vec<RecordBatch> = entries
+        .into_iter()
+        .flatten()
+        .flat_map(|e| e.batches)
+        .filter(|b| b.num_rows() > 0)
+        .collect();
     let Some(first) = batches.first() else {
         return Ok(None);
     };
