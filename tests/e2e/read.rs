@@ -448,6 +448,26 @@ async fn reads_at_the_head_a_commit_and_fresh(backend: Backend) {
         n.contains("\"node\":\"Person\"") && n.contains("\"id\":\"c\""),
         "{n}"
     );
+    let n = stdout(&tg.cli(
+        &[
+            "neighbors",
+            "--type",
+            "Person",
+            "--id",
+            "a",
+            "--fresh",
+            "--format",
+            "csv",
+        ],
+        &[],
+    ));
+    assert!(n.contains("Knows (out): 2 edge(s)"), "{n}");
+    assert!(n.contains("Knows (in): 0 edge(s)"), "{n}");
+    let table = stdout(&tg.cli(&["neighbors", "--type", "Person", "--id", "a"], &[]));
+    assert!(
+        table.contains("Person at the other end: 1 node(s)"),
+        "{table}"
+    );
 
     // Acknowledged, in no generation yet: the WAL's tail, read from here
     // as another process would (no claim on the writer's shards).
