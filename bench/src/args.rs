@@ -176,6 +176,20 @@ pub(crate) struct Args {
     /// instead of children (the tests, whose binary is not the bench's).
     #[arg(long, hide = true, alias = "fold-in-process")]
     pub in_process: bool,
+    /// Instead of the Kafka phases: for this many seconds of a paced
+    /// producer (`--freshness-rate`/s), produce → visible latency for a
+    /// reader in another process, in a fresh read and in a head read.
+    #[arg(long, default_value_t = 0)]
+    pub freshness: u64,
+    #[arg(long, default_value_t = 200)]
+    pub freshness_rate: u64,
+    /// Instead of the Kafka phases: the cost of `neighbors`' access path
+    /// (a Lance scan filtered on `src`/`dst`) on an edge table of N rows.
+    #[arg(long, default_value_t = 0)]
+    pub hop_edges: u64,
+    /// Internal: the reader child of `--freshness`.
+    #[arg(long, hide = true)]
+    pub freshness_reader: Option<PathBuf>,
     /// Write the report as JSON here too.
     #[arg(long)]
     pub json: Option<PathBuf>,

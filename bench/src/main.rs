@@ -22,7 +22,9 @@ mod baselines;
 mod broker;
 mod evolve;
 mod formats;
+mod freshness;
 mod history;
+mod hop;
 mod kafka;
 mod measure;
 mod report;
@@ -78,6 +80,24 @@ async fn run(a: Args) -> Result<(), BoxError> {
     if a.storage > 0 {
         return storage_mode(&a, &dir).await;
     }
+    if a.hop_edges > 0 {
+        return hop::run(&dir, a.hop_edges).await;
+    }
+    if a.freshness > 0 {
+        let broker = match &a.broker {
+            Some(b) => broker::Broker::external(b.clone()),
+            None => broker::Broker::start(&a.broker_backend, a.tansu_bin.clone(), &dir)?,
+        };
+        let p = freshness::Params {
+            secs: a.freshness,
+            rate: a.freshness_rate,
+            partitions: a.partitions,
+            buckets: a.buckets,
+            fold_interval: a.fold_interval.clone(),
+            wal_flush_ms: a.wal_flush_ms,
+        };
+        return freshness::run(&broker, &dir, &p).await;
+    }
     if !a.evolve_sizes.is_empty() {
         return evolve_mode(&a, &dir).await;
     }
@@ -101,6 +121,10 @@ async fn child(a: &Args) -> Result<bool, BoxError> {
     if let Some(cfg) = &a.fold_config {
         let cost = sink::fold_child(cfg).await?;
         println!("{}", serde_json::to_string(&cost)?);
+        return Ok(true);
+    }
+    if let Some(spec) = &a.freshness_reader {
+        freshness::reader(spec).await?;
         return Ok(true);
     }
     if let Some(spec) = &a.backlog_child {

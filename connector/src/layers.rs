@@ -30,6 +30,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("kafka", 4),
     ("fold", 5),
     ("retention", 5),
+    ("read", 5),
     ("pipeline", 6),
     ("commands", 6),
     ("cli", 7),

@@ -25,6 +25,7 @@ mod layers;
 mod metrics;
 mod offsets;
 mod pipeline;
+mod read;
 mod redact;
 mod registry;
 mod rejects;
@@ -41,6 +42,7 @@ mod validate;
 pub use cli::main as cli_main;
 /// What the CLI's commands do, as library calls.
 pub use commands::produce::produce_file;
+pub use commands::read::{neighbors as read_neighbors, read as read_rows};
 pub use commands::rejects::{
     replay as replay_rejects, select as select_rejects, select_replay, RejectFilter,
     ReplaySelection,
@@ -72,6 +74,11 @@ pub use metrics::{
     CONTENT_TYPE as METRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE as METRICS_TEXT_CONTENT_TYPE,
 };
 pub use pipeline::{run, run_with, RunOptions, RunSummary};
+/// Reading rows of a type at the head, at a commit, or fresh from the
+/// MemWAL tier; one hop over edges (docs/reads.md).
+pub use read::{
+    one_hop, Direction, Hop, Neighbors, NeighborsRequest, ReadAt, ReadRequest, Rows, TIER,
+};
 pub use rejects::{Reject, RejectCode, Stage};
 /// What retention removed, and storage per table.
 pub use retention::{GcReport, Removed, TableGc, TableStorage};

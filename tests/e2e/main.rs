@@ -9,6 +9,7 @@ mod group;
 mod harness;
 mod ops;
 mod pipeline;
+mod read;
 mod recovery;
 mod rejects;
 mod retention;

@@ -1,7 +1,10 @@
 //! Argument types and parsers of the CLI that clap cannot derive alone:
-//! the reject filter and its `--stage` and `--since` values.
+//! the reject filter and its `--stage` and `--since` values; what `read`
+//! and `neighbors` read.
 
+use super::rows::RowFormat;
 use crate::commands::rejects::RejectFilter;
+use crate::read::{Direction, NeighborsRequest, ReadAt, ReadRequest};
 use crate::rejects::Stage;
 use crate::types::now_ms;
 
@@ -27,6 +30,104 @@ impl From<RejectFilterArgs> for RejectFilter {
             type_name: a.type_name,
             since: a.since,
         }
+    }
+}
+
+/// What `read` reads and how it prints.
+#[derive(clap::Args, Debug, Clone)]
+pub(super) struct ReadArgs {
+    /// The graph type (`Person`, `Knows`).
+    #[arg(long = "type", value_name = "TYPE")]
+    type_name: String,
+    /// Only this id (the primary key); repeat for several.
+    #[arg(long = "id", value_name = "ID")]
+    ids: Vec<String>,
+    /// A Lance SQL filter on the type's columns (`age > 30 AND name LIKE 'A%'`).
+    #[arg(long, value_name = "SQL")]
+    filter: Option<String>,
+    /// Only these columns, in this order (`id,name`).
+    #[arg(long, value_delimiter = ',', value_name = "A,B")]
+    columns: Option<Vec<String>>,
+    /// Read at this graph commit instead of the head.
+    #[arg(long, value_name = "ID", conflicts_with = "fresh")]
+    commit: Option<String>,
+    /// Also read what is durable in the WAL and not yet folded (each row
+    /// gets `_tier`: base or wal). Not a graph commit: docs/reads.md.
+    #[arg(long)]
+    fresh: bool,
+    /// Print at most this many rows.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    #[arg(long, value_enum, default_value_t)]
+    pub(super) format: RowFormat,
+}
+
+impl ReadArgs {
+    pub(super) fn request(&self) -> ReadRequest {
+        ReadRequest {
+            type_name: self.type_name.clone(),
+            ids: self.ids.clone(),
+            filter: self.filter.clone(),
+            columns: self.columns.clone(),
+            at: at(self.commit.as_deref(), self.fresh),
+            limit: Some(self.limit),
+        }
+    }
+}
+
+/// One hop from a node, and how it prints.
+#[derive(clap::Args, Debug, Clone)]
+pub(super) struct NeighborsArgs {
+    /// The node's type.
+    #[arg(long = "type", value_name = "TYPE")]
+    type_name: String,
+    /// The node's id.
+    #[arg(long)]
+    id: String,
+    /// Only edges of this type; repeat for several (default: every edge
+    /// type with an end at the node's type).
+    #[arg(long = "edge", value_name = "EDGE")]
+    edges: Vec<String>,
+    #[arg(long, value_enum, default_value = "both")]
+    direction: DirectionArg,
+    /// Read at this graph commit instead of the head.
+    #[arg(long, value_name = "ID", conflicts_with = "fresh")]
+    commit: Option<String>,
+    /// Also read the WAL tier (docs/reads.md).
+    #[arg(long)]
+    fresh: bool,
+    #[arg(long, value_enum, default_value_t)]
+    pub(super) format: RowFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum DirectionArg {
+    Out,
+    In,
+    Both,
+}
+
+impl NeighborsArgs {
+    pub(super) fn request(&self) -> NeighborsRequest {
+        NeighborsRequest {
+            type_name: self.type_name.clone(),
+            id: self.id.clone(),
+            edges: self.edges.clone(),
+            direction: match self.direction {
+                DirectionArg::Out => Direction::Out,
+                DirectionArg::In => Direction::In,
+                DirectionArg::Both => Direction::Both,
+            },
+            at: at(self.commit.as_deref(), self.fresh),
+        }
+    }
+}
+
+fn at(commit: Option<&str>, fresh: bool) -> ReadAt {
+    match (commit, fresh) {
+        (Some(c), _) => ReadAt::Commit(c.to_string()),
+        (None, true) => ReadAt::Fresh,
+        (None, false) => ReadAt::Head,
     }
 }
 

@@ -1,10 +1,11 @@
-//! The command line: `check`, `run`, `fold`, `log`, `show`, `status`,
-//! `gc`, `rejects`, `replay-rejects`, `produce`. It parses arguments and prints;
+//! The command line: `check`, `run`, `fold`, `log`, `show`, `read`,
+//! `neighbors`, `status`, `gc`, `rejects`, `replay-rejects`, `produce`. It parses arguments and prints;
 //! the work is done by library functions (`commands`, `pipeline`). Every error
 //! ends as one readable line and a non-zero exit.
 
 mod args;
 mod print;
+mod rows;
 mod run;
 
 use std::net::SocketAddr;
@@ -92,6 +93,22 @@ enum Command {
         config: PathBuf,
         #[arg(long)]
         commit: Option<String>,
+    },
+    /// Rows of one type: at the head commit (default), at a past commit,
+    /// or fresh (the head plus the WAL generations no fold has published;
+    /// docs/reads.md).
+    Read {
+        #[arg(long)]
+        config: PathBuf,
+        #[command(flatten)]
+        read: args::ReadArgs,
+    },
+    /// One hop from a node: its edges and the nodes at their other ends.
+    Neighbors {
+        #[arg(long)]
+        config: PathBuf,
+        #[command(flatten)]
+        hop: args::NeighborsArgs,
     },
     /// The head commit, deferred edges, rejects, and the consumer group's
     /// lag per partition of the mapped topics.
@@ -233,6 +250,8 @@ impl Command {
             | Command::Migrate { config, .. }
             | Command::Log { config, .. }
             | Command::Show { config, .. }
+            | Command::Read { config, .. }
+            | Command::Neighbors { config, .. }
             | Command::Status { config, .. }
             | Command::Rejects { config, .. }
             | Command::ReplayRejects { config, .. }
@@ -283,6 +302,16 @@ async fn dispatch(cmd: Command) -> Result<()> {
             let config = Config::load(&config)?;
             print::snapshot(&commands::snapshot(&config, commit.as_deref()).await?);
             Ok(())
+        }
+        Command::Read { config, read } => {
+            let format = read.format;
+            let rows = commands::read::read(&Config::load(&config)?, &read.request()).await?;
+            rows::rows(&rows, format)
+        }
+        Command::Neighbors { config, hop } => {
+            let format = hop.format;
+            let n = commands::read::neighbors(&Config::load(&config)?, &hop.request()).await?;
+            rows::neighbors(&n, format)
         }
         Command::Status { config, json } => status(&Config::load(&config)?, json).await,
         Command::Gc { config, dry_run } => {

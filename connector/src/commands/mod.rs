@@ -1,10 +1,11 @@
 //! The operations behind the CLI's commands, as library functions that
 //! return plain structs: config check, the offline fold and migration,
 //! gc, commit log, snapshots, status, reject selection and replay,
-//! producing sample records. It parses no
+//! reading rows and neighbours, producing sample records. It parses no
 //! arguments and prints nothing (`cli` does).
 
 pub(crate) mod produce;
+pub(crate) mod read;
 pub(crate) mod rejects;
 pub(crate) mod status;
 
