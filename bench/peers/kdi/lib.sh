@@ -1,0 +1,53 @@
+# kafka-delta-ingest (delta-io/kafka-delta-ingest, Rust: rdkafka + delta-rs)
+# as a peer. None of its code is in this repository: its source is fetched
+# into $PEERS_CACHE/kdi-src and built there, in its own target dir.
+
+KDI_COMMIT=c6d42de   # the commit measured (2025, "use regular env variable for sr password")
+KDI_SRC="$PEERS_CACHE/kdi-src"
+KDI_TARGET="$PEERS_CACHE/kdi-target"
+KDI_BIN="$KDI_TARGET/release/kafka-delta-ingest"
+# --allowed_latency: kdi's commit interval (its default is 300 s); 5 s is
+# graphsink's fold.interval. KDI_LATENCY overrides it.
+KDI_LATENCY="${KDI_LATENCY:-5}"
+
+ensure_kdi() {
+    [ -x "$KDI_BIN" ] && return 0
+    if [ ! -f "$KDI_SRC/Cargo.toml" ]; then
+        die "no kafka-delta-ingest source in $KDI_SRC: put commit $KDI_COMMIT of
+    github.com/delta-io/kafka-delta-ingest there (git clone, or the session's
+    fetch tool: git --git-dir=<mirror> archive $KDI_COMMIT | tar -x -C $KDI_SRC)"
+    fi
+    # Upstream ships no Cargo.lock; the one this build resolved is kept
+    # beside this file so a rebuild resolves the same crates.
+    [ -f "$KDI_SRC/Cargo.lock" ] || cp "$(dirname "${BASH_SOURCE[0]}")/Cargo.lock.resolved" "$KDI_SRC/Cargo.lock"
+    log "building kafka-delta-ingest in $KDI_SRC (release, LTO off; ~40 min on 2 cores)"
+    (cd "$KDI_SRC" && CARGO_TARGET_DIR="$KDI_TARGET" CARGO_PROFILE_RELEASE_LTO=off \
+        CARGO_PROFILE_RELEASE_DEBUG=0 nice cargo build --release) ||
+        die "kafka-delta-ingest did not build (log above)"
+}
+
+# run_kdi ROUND_DIR PEER_DIR NODES_TOPIC EDGES_TOPIC ROUND: one kdi process
+# per topic (it reads one topic), side by side, each with `-e` (stop at the
+# end offsets it read at start), into Delta tables it needs created first.
+run_kdi() {
+    local dir="$1" pdir="$2" nodes="$3" edges="$4" round="$5" tag="kdi"
+    "$PEERS_PYTHON" "$(dirname "${BASH_SOURCE[0]}")/delta_tables.py" create "$pdir" ${edges:+--edges} ||
+        return 1
+    local script="$pdir/run-kdi.sh"
+    cat >"$script" <<EOS
+#!/usr/bin/env bash
+set -e
+"$KDI_BIN" ingest "$nodes" "file://$pdir/delta-Item" -k "$GRAPHSINK_TEST_BROKER" \
+    -g "peer-kdi-items-$round-$$" -a "kdi-items-$round-$$" -l "$KDI_LATENCY" -e &
+a=\$!
+${edges:+"$KDI_BIN" ingest "$edges" "file://$pdir/delta-Link" -k "$GRAPHSINK_TEST_BROKER" \
+    -g "peer-kdi-links-$round-$$" -a "kdi-links-$round-$$" -l "$KDI_LATENCY" -e &
+b=\$!
+wait \$b}
+wait \$a
+EOS
+    chmod +x "$script"
+    measured "$dir/$tag" bash -c "start=\$(date +%s.%N); RUST_LOG=info '$script' || exit \$?; \
+        end=\$(date +%s.%N); '$PEERS_PYTHON' '$(dirname "${BASH_SOURCE[0]}")/delta_tables.py' count '$pdir' \
+        --secs \"\$(echo \"\$end - \$start\" | bc -l)\""
+}
