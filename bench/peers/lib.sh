@@ -34,6 +34,6 @@ measured() {
         -o "$prefix.time.json" "$@" >"$prefix.out" 2>"$prefix.err"
     local rc=$?
     b1="$(proc_cpu_s "${_GS_BROKER_PID:-0}")"
-    echo "{\"broker_cpu_s\": $(echo "$b1 - $b0" | bc -l)}" >"$prefix.broker.json"
+    printf '{"broker_cpu_s": %.3f}\n' "$(echo "$b1 - $b0" | bc -l)" >"$prefix.broker.json"
     return $rc
 }

@@ -9,12 +9,14 @@ peer, its whole process, JVM included); the broker's CPU is its own column.
 
 import json
 import pathlib
+import re
 import sys
 
 
 def load(p):
     try:
-        return json.loads(pathlib.Path(p).read_text())
+        # (the first runs wrote bc's ".46" for 0.46)
+        return json.loads(re.sub(r": \.", ": 0.", pathlib.Path(p).read_text()))
     except (OSError, ValueError):
         return None
 
@@ -43,12 +45,15 @@ def main(out):
         exp = b["expected_rows"]
         gs = b["graphsink_records_per_s"] or float("nan")
         timed = b["graphsink_timed_records"] or float("nan")
-        cpu = (b.get("graphsink_cpu_cores") or 0) * b["graphsink_secs"]
-        bcpu = b["broker_cpu_cores"].get("graphsink", 0) * b["graphsink_secs"]
+        # graphsink's process CPU over its whole backlog run (start to
+        # exit, its last fold included): the sum of its thread groups.
+        cpu = sum(g["cpu_secs"] for g in b.get("graphsink_threads", []))
+        bc = b["broker_cpu_cores"].get("graphsink")  # none with --broker
+        bcpu = "–" if bc is None else f"{bc * b['graphsink_secs'] / n * 1e6:.1f}"
         rows = ", ".join(f"{k} {v}" for k, v in b["graph_rows"].items() if v)
         print(f"| {rdir.name} | {wl} | graphsink | {gs:,.0f} | 1.00 | – "
-              f"| {cpu / timed * 1e6:.1f} "
-              f"| {bcpu / timed * 1e6:.1f} "
+              f"| {cpu / n * 1e6:.1f} "
+              f"| {bcpu} "
               f"| {b['graphsink_peak_rss_mib'] or 0:.0f} | {rows} "
               f"| {'no' if b['count_mismatch'] else 'yes'} |")
         print(f"| {rdir.name} | {wl} | bare loop (ceiling) | {b['bare_records_per_s']:,.0f} "

@@ -32,6 +32,14 @@ run_iceberg() {
     local dir="$1" pdir="$2" nodes="$3" edges="$4" round="$5" commit_s="${6:-}"
     local tag="iceberg" name="peer-iceberg-$round-$(date +%s%N)"
     [ -z "$commit_s" ] || tag="iceberg-${commit_s}s"
+    iceberg_properties "$pdir" "$name" "$nodes" "$edges" "$commit_s"
+    measured "$dir/$tag" bash "$ICEBERG_DIR/run-connect.sh" "$pdir" "$name" "$nodes${edges:+,$edges}"
+}
+
+# iceberg_properties DIR NAME NODES_TOPIC EDGES_TOPIC COMMIT_S: the worker's
+# and the connector's properties in DIR (warehouse DIR/warehouse).
+iceberg_properties() {
+    local pdir="$1" name="$2" nodes="$3" edges="$4" commit_s="${5:-}"
     mkdir -p "$pdir/warehouse"
     cat >"$pdir/worker.properties" <<EOP
 bootstrap.servers=$GRAPHSINK_TEST_BROKER
@@ -42,12 +50,11 @@ offset.storage.file.filename=$pdir/connect.offsets
 offset.flush.interval.ms=1000
 plugin.discovery=only_scan
 EOP
-    local topics="$nodes${edges:+,$edges}"
     cat >"$pdir/sink.properties" <<EOP
 name=$name
 connector.class=org.apache.iceberg.connect.IcebergSinkConnector
 tasks.max=1
-topics=$topics
+topics=$nodes${edges:+,$edges}
 consumer.override.auto.offset.reset=earliest
 transforms=topic
 transforms.topic.type=org.apache.kafka.connect.transforms.InsertField\$Value
@@ -62,5 +69,4 @@ ${edges:+iceberg.table.bench.link.route-regex=$edges}
 iceberg.tables.auto-create-enabled=true
 ${commit_s:+iceberg.control.commit.interval-ms=$((commit_s * 1000))}
 EOP
-    measured "$dir/$tag" bash "$ICEBERG_DIR/run-connect.sh" "$pdir" "$name" "$topics"
 }
