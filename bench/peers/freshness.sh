@@ -57,8 +57,13 @@ for p in ${peers//,/ }; do
     topic="fresh-$p-$(date +%s)"
     case "$p" in
         python)
-            fresh python "$topic" "lance:$d/Item.lance" \
-                "$PEERS_PYTHON $here/python/sink.py --bootstrap $bs --nodes-topic {topic} --group fresh-python-$$ --out $d" ;;
+            # Its batch window: 1 s (as written), and 5 s (graphsink's
+            # fold.interval, the matched interval).
+            for w in 1 5; do
+                topic="fresh-python-$w-$(date +%s)"
+                fresh "python-${w}s" "$topic" "lance:$d/w$w/Item.lance" \
+                    "$PEERS_PYTHON $here/python/sink.py --bootstrap $bs --nodes-topic {topic} --group fresh-python-$w-$$ --out $d/w$w --max-wait $w --batch 1000000"
+            done ;;
         iceberg)
             for c in 5 ""; do
                 [ -n "$c" ] || [ "${FRESH_ICEBERG_DEFAULT:-0}" = 1 ] || continue

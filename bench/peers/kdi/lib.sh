@@ -28,26 +28,32 @@ ensure_kdi() {
 
 # run_kdi ROUND_DIR PEER_DIR NODES_TOPIC EDGES_TOPIC ROUND: one kdi process
 # per topic (it reads one topic), side by side, each with `-e` (stop at the
-# end offsets it read at start), into Delta tables it needs created first.
+# end offsets it read at start), into Delta tables it needs created first;
+# then the tables are counted with `deltalake`. Timed as a whole.
 run_kdi() {
-    local dir="$1" pdir="$2" nodes="$3" edges="$4" round="$5" tag="kdi"
-    "$PEERS_PYTHON" "$(dirname "${BASH_SOURCE[0]}")/delta_tables.py" create "$pdir" ${edges:+--edges} ||
-        return 1
-    local script="$pdir/run-kdi.sh"
-    cat >"$script" <<EOS
+    local dir="$1" pdir="$2" nodes="$3" edges="$4" round="$5" here
+    here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+    local id="$round-$(date +%s%N)"
+    "$PEERS_PYTHON" "$here/delta_tables.py" create "$pdir" ${edges:+--edges} || return 1
+    cat >"$pdir/run-kdi.sh" <<EOS
 #!/usr/bin/env bash
-set -e
-"$KDI_BIN" ingest "$nodes" "file://$pdir/delta-Item" -k "$GRAPHSINK_TEST_BROKER" \
-    -g "peer-kdi-items-$round-$$" -a "kdi-items-$round-$$" -l "$KDI_LATENCY" -e &
+start=\$(date +%s.%N)
+export RUST_LOG=info
+"$KDI_BIN" ingest "$nodes" "file://$pdir/delta-Item" -k "$GRAPHSINK_TEST_BROKER" \\
+    -g "peer-kdi-items-$id" -a "kdi-items-$id" -l "$KDI_LATENCY" -e >"$pdir/kdi-items.log" 2>&1 &
 a=\$!
-${edges:+"$KDI_BIN" ingest "$edges" "file://$pdir/delta-Link" -k "$GRAPHSINK_TEST_BROKER" \
-    -g "peer-kdi-links-$round-$$" -a "kdi-links-$round-$$" -l "$KDI_LATENCY" -e &
-b=\$!
-wait \$b}
-wait \$a
+b=""
+if [ -n "$edges" ]; then
+    "$KDI_BIN" ingest "$edges" "file://$pdir/delta-Link" -k "$GRAPHSINK_TEST_BROKER" \\
+        -g "peer-kdi-links-$id" -a "kdi-links-$id" -l "$KDI_LATENCY" -e >"$pdir/kdi-links.log" 2>&1 &
+    b=\$!
+fi
+rc=0
+wait \$a || rc=\$?
+[ -z "\$b" ] || wait \$b || rc=\$?
+end=\$(date +%s.%N)
+[ \$rc -eq 0 ] || { echo "kafka-delta-ingest exited \$rc (logs in $pdir)" >&2; exit \$rc; }
+"$PEERS_PYTHON" "$here/delta_tables.py" count "$pdir" --secs "\$(echo "\$end - \$start" | bc -l)"
 EOS
-    chmod +x "$script"
-    measured "$dir/$tag" bash -c "start=\$(date +%s.%N); RUST_LOG=info '$script' || exit \$?; \
-        end=\$(date +%s.%N); '$PEERS_PYTHON' '$(dirname "${BASH_SOURCE[0]}")/delta_tables.py' count '$pdir' \
-        --secs \"\$(echo \"\$end - \$start\" | bc -l)\""
+    measured "$dir/kdi" bash "$pdir/run-kdi.sh"
 }
