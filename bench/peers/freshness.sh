@@ -5,6 +5,7 @@
 # producer at the same rate and duration. See bench/peers/README.md.
 #
 #   bash bench/peers/freshness.sh [--rate R] [--secs S] [--peers python,iceberg,kdi] [--out DIR]
+# GRAPHSINK_BENCH_ARGS adds flags to graphsink's bench (e.g. --background-nice 0).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../../scripts/lib.sh
@@ -41,7 +42,8 @@ trap stop_kafka EXIT
 bs="$GRAPHSINK_TEST_BROKER"
 
 log "graphsink: graphsink-bench --latency-rate $rate --latency-secs $secs"
-"$bench_bin" --broker "$bs" --records 100000 --latency-rate "$rate" --latency-secs "$secs" \
+# shellcheck disable=SC2086  # GRAPHSINK_BENCH_ARGS: extra bench flags, split on purpose
+"$bench_bin" --broker "$bs" --records 100000 --latency-rate "$rate" --latency-secs "$secs" ${GRAPHSINK_BENCH_ARGS:-} \
     --json "$out/bench.json" >"$out/bench.out" 2>"$out/bench.err" || log "the bench failed: $out/bench.err"
 
 fresh() {  # fresh NAME TOPIC READER PEER_CMD

@@ -20,9 +20,11 @@ ensure_kdi() {
     # Upstream ships no Cargo.lock; the one this build resolved is kept
     # beside this file so a rebuild resolves the same crates.
     [ -f "$KDI_SRC/Cargo.lock" ] || cp "$(dirname "${BASH_SOURCE[0]}")/Cargo.lock.resolved" "$KDI_SRC/Cargo.lock"
-    log "building kafka-delta-ingest in $KDI_SRC (release, LTO off; ~40 min on 2 cores)"
+    # build.rs refuses to compile without "s3" or "azure" (its README builds
+    # with --features s3); local file:// tables work with either.
+    log "building kafka-delta-ingest in $KDI_SRC (release, LTO off, --features s3; ~40 min on 2 busy cores)"
     (cd "$KDI_SRC" && CARGO_TARGET_DIR="$KDI_TARGET" CARGO_PROFILE_RELEASE_LTO=off \
-        CARGO_PROFILE_RELEASE_DEBUG=0 nice cargo build --release) ||
+        CARGO_PROFILE_RELEASE_DEBUG=0 nice cargo build --release --features s3) ||
         die "kafka-delta-ingest did not build (log above)"
 }
 
