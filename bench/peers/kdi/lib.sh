@@ -29,9 +29,10 @@ ensure_kdi() {
 }
 
 # run_kdi ROUND_DIR PEER_DIR NODES_TOPIC EDGES_TOPIC ROUND: one kdi process
-# per topic (it reads one topic), side by side, each with `-e` (stop at the
-# end offsets it read at start), into Delta tables it needs created first;
-# then the tables are counted with `deltalake`. Timed as a whole.
+# per topic (it reads one topic), side by side, each with `-e`, into Delta
+# tables it needs created first; the run ends when the tables hold every
+# record (`-e` alone never ends on a static backlog: wait_rows.py says
+# why), read with `deltalake`. Timed as a whole.
 run_kdi() {
     local dir="$1" pdir="$2" nodes="$3" edges="$4" round="$5" here
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -45,16 +46,20 @@ export RUST_LOG=info
     -g "peer-kdi-items-$id" -a "kdi-items-$id" -l "$KDI_LATENCY" -e >"$pdir/kdi-items.log" 2>&1 &
 a=\$!
 b=""
+pairs=("$nodes=$pdir/delta-Item")
 if [ -n "$edges" ]; then
     "$KDI_BIN" ingest "$edges" "file://$pdir/delta-Link" -k "$GRAPHSINK_TEST_BROKER" \\
         -g "peer-kdi-links-$id" -a "kdi-links-$id" -l "$KDI_LATENCY" -e >"$pdir/kdi-links.log" 2>&1 &
     b=\$!
+    pairs+=("$edges=$pdir/delta-Link")
 fi
-rc=0
-wait \$a || rc=\$?
-[ -z "\$b" ] || wait \$b || rc=\$?
+"$PEERS_PYTHON" "$here/wait_rows.py" "$GRAPHSINK_TEST_BROKER" "\${pairs[@]}" \\
+    --pids "\$a\${b:+,\$b}" --timeout "\${KDI_TIMEOUT_S:-900}"
+rc=\$?
 end=\$(date +%s.%N)
-[ \$rc -eq 0 ] || { echo "kafka-delta-ingest exited \$rc (logs in $pdir)" >&2; exit \$rc; }
+kill \$a \$b 2>/dev/null
+wait \$a \$b 2>/dev/null
+[ \$rc -eq 0 ] || { echo "kafka-delta-ingest did not complete its tables (logs in $pdir)" >&2; exit 1; }
 "$PEERS_PYTHON" "$here/delta_tables.py" count "$pdir" --secs "\$(echo "\$end - \$start" | bc -l)"
 EOS
     measured "$dir/kdi" bash "$pdir/run-kdi.sh"
