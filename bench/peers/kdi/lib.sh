@@ -19,7 +19,9 @@ ensure_kdi() {
     fi
     # Upstream ships no Cargo.lock; the one this build resolved is kept
     # beside this file so a rebuild resolves the same crates.
-    [ -f "$KDI_SRC/Cargo.lock" ] || cp "$(dirname "${BASH_SOURCE[0]}")/Cargo.lock.resolved" "$KDI_SRC/Cargo.lock"
+    local lock
+    lock="$(dirname "${BASH_SOURCE[0]}")/Cargo.lock.resolved"
+    [ -f "$KDI_SRC/Cargo.lock" ] || [ ! -f "$lock" ] || cp "$lock" "$KDI_SRC/Cargo.lock"
     # build.rs refuses to compile without "s3" or "azure" (its README builds
     # with --features s3); local file:// tables work with either.
     log "building kafka-delta-ingest in $KDI_SRC (release, LTO off, --features s3; ~40 min on 2 busy cores)"
