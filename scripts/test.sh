@@ -63,6 +63,14 @@ log "tests use broker GRAPHSINK_TEST_BROKER=${GRAPHSINK_TEST_BROKER:-(a containe
 status=0
 cargo test --workspace --locked "${cargo_args[@]}" -- "${test_args[@]}" || status=$?
 
+# The peers tooling's own check (bench/peers/README.md): the Python sink a
+# user writes, on a tiny backlog on this broker, counts every record and
+# key. The peers themselves do not run here. Whole suite or GRAPHSINK_PEERS_CHECK=1.
+if [ "$status" -eq 0 ] && { [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_PEERS_CHECK:-}" = 1 ]; }; then
+    log "bench/peers self-test (python/selftest.py)"
+    "$SR_PYTHON" bench/peers/python/selftest.py || status=$?
+fi
+
 # What cannot run here (no Docker engine) is at least compiled and checked:
 # the testcontainers broker backend, and the deployment files (compose
 # schema, Prometheus config, the dashboard's queries and metric names).
