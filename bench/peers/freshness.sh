@@ -23,22 +23,7 @@ while [ $# -gt 0 ]; do
         *) die "unknown flag $1 (see the header of $0)" ;;
     esac
 done
-out="${out:-$PEERS_CACHE/runs/freshness-$(date -u +%Y%m%dT%H%M%S)}"
-mkdir -p "$out"
-bench_bin="$CARGO_TARGET_DIR/release/graphsink-bench"
-[ -x "$bench_bin" ] || die "no $bench_bin: build it first (BENCHMARKS.md, 'How to run it')"
-ensure_peers_venv
-for p in ${peers//,/ }; do
-    case "$p" in
-        python) ;;
-        kdi) source "$here/kdi/lib.sh"; ensure_kdi ;;
-        iceberg) source "$here/iceberg/lib.sh"; ensure_iceberg ;;
-        *) die "unknown peer $p" ;;
-    esac
-done
-ensure_kafka
-start_kafka
-trap stop_kafka EXIT
+peers_start "$PEERS_CACHE/runs/freshness-$(date -u +%Y%m%dT%H%M%S)" "$peers"
 bs="$GRAPHSINK_TEST_BROKER"
 
 log "graphsink: graphsink-bench --latency-rate $rate --latency-secs $secs"

@@ -37,3 +37,26 @@ measured() {
     printf '{"broker_cpu_s": %.3f}\n' "$(echo "$b1 - $b0" | bc -l)" >"$prefix.broker.json"
     return $rc
 }
+
+# peers_start OUT_DEFAULT PEERS: the run's output folder (OUT_DEFAULT unless
+# --out gave one), the release bench binary, the Python venv, each named
+# peer installed, and a broker stopped on exit. Sets out and bench_bin.
+peers_start() {
+    out="${out:-$1}"
+    mkdir -p "$out"
+    bench_bin="$CARGO_TARGET_DIR/release/graphsink-bench"
+    [ -x "$bench_bin" ] || die "no $bench_bin: build it first (BENCHMARKS.md, 'How to run it')"
+    ensure_peers_venv
+    local p
+    for p in ${2//,/ }; do
+        case "$p" in
+            python) ;;
+            kdi) source "$here/kdi/lib.sh"; ensure_kdi ;;
+            iceberg) source "$here/iceberg/lib.sh"; ensure_iceberg ;;
+            *) die "unknown peer $p (python, kdi, iceberg)" ;;
+        esac
+    done
+    ensure_kafka
+    start_kafka
+    trap stop_kafka EXIT
+}

@@ -7,13 +7,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use graphsink::testing::{self, RecordDecoder, ShardPool, SourceRecord, Window, WrittenSpans};
-use graphsink::{
-    Direction, Graph, GraphCommit, GraphSchema, NeighborsRequest, ReadAt, ReadRequest, Rows,
-};
+use graphsink::testing::{self, RecordDecoder, ShardPool, SourceRecord, Window};
+use graphsink::{Direction, Graph, GraphSchema, NeighborsRequest, ReadAt, ReadRequest, Rows};
 use serde_json::{json, Value};
 
 use crate::harness::*;
+use crate::retention::{flush, fold};
 
 const SCHEMA: &str = r#"
 node Person { name: String @key  age: I32? }
@@ -71,36 +70,6 @@ fn person(name: &str, age: i32) -> (Option<&str>, Option<Value>) {
 
 fn knows(src: &str, dst: &str) -> (Option<&'static str>, Option<Value>) {
     (None, Some(json!({"src": src, "dst": dst})))
-}
-
-/// Flushes every live memtable to a generation (what a fold's cut does)
-/// and returns each shard's limit, without folding.
-async fn flush(pool: &ShardPool) -> std::collections::HashMap<uuid::Uuid, u64> {
-    let mut limits = std::collections::HashMap::new();
-    for f in pool.freeze_all().await.unwrap() {
-        limits.insert(f.shard, f.upto_generation);
-        f.fence.wait().await.unwrap();
-    }
-    limits
-}
-
-/// One fold as the fold loop makes it: cut, flush, plan, execute.
-async fn fold(g: &Graph, pool: &ShardPool) -> GraphCommit {
-    let limits = flush(pool).await;
-    let policies = testing::Policies::default();
-    let head = g.head().await.unwrap();
-    let plan = testing::plan(
-        g,
-        &policies,
-        &head,
-        &Some(limits),
-        &WrittenSpans::default(),
-        "test",
-    )
-    .await
-    .unwrap()
-    .expect("something to fold");
-    testing::execute(g, &policies, &plan).await.unwrap().commit
 }
 
 /// Rows as JSON objects by id (arrow-json, the CLI's `jsonl`).

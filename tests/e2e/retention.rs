@@ -59,13 +59,20 @@ fn person(name: &str, age: i32) -> Value {
     json!({"name": name, "age": age})
 }
 
-/// One fold as the fold loop makes it: cut, flush, plan, execute.
-async fn fold(g: &Graph, pool: &ShardPool) -> GraphCommit {
+/// Flushes every live memtable to a generation (what a fold's cut does)
+/// and returns each shard's limit, without folding.
+pub(crate) async fn flush(pool: &ShardPool) -> std::collections::HashMap<uuid::Uuid, u64> {
     let mut limits = std::collections::HashMap::new();
     for f in pool.freeze_all().await.unwrap() {
         limits.insert(f.shard, f.upto_generation);
         f.fence.wait().await.unwrap();
     }
+    limits
+}
+
+/// One fold as the fold loop makes it: cut, flush, plan, execute.
+pub(crate) async fn fold(g: &Graph, pool: &ShardPool) -> GraphCommit {
+    let limits = flush(pool).await;
     let policies = testing::Policies::default();
     let head = g.head().await.unwrap();
     let plan = testing::plan(
