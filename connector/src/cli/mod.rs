@@ -261,6 +261,26 @@ impl Command {
     }
 }
 
+/// `graphsink fold`: refused while members run, unless forced.
+async fn fold(config: &Path, force: bool) -> Result<()> {
+    let config = Config::load(config)?;
+    if !force {
+        commands::refuse_if_members(&config).await?;
+    }
+    print::folded(commands::fold_offline(&config).await?.as_ref());
+    Ok(())
+}
+
+/// `graphsink migrate`: refused while members run, unless forced or dry.
+async fn migrate(config: &Path, dry_run: bool, force: bool) -> Result<()> {
+    let config = Config::load(config)?;
+    if !force && !dry_run {
+        commands::refuse_if_members(&config).await?;
+    }
+    print::migrated(&commands::migrate(&config, dry_run).await?, dry_run);
+    Ok(())
+}
+
 async fn dispatch(cmd: Command) -> Result<()> {
     match cmd {
         Command::Check { config } => {
@@ -272,26 +292,12 @@ async fn dispatch(cmd: Command) -> Result<()> {
             exit_at_end,
             http,
         } => run::run(&config, exit_at_end, http).await,
-        Command::Fold { config, force } => {
-            let config = Config::load(&config)?;
-            if !force {
-                commands::refuse_if_members(&config).await?;
-            }
-            print::folded(commands::fold_offline(&config).await?.as_ref());
-            Ok(())
-        }
+        Command::Fold { config, force } => fold(&config, force).await,
         Command::Migrate {
             config,
             dry_run,
             force,
-        } => {
-            let config = Config::load(&config)?;
-            if !force && !dry_run {
-                commands::refuse_if_members(&config).await?;
-            }
-            print::migrated(&commands::migrate(&config, dry_run).await?, dry_run);
-            Ok(())
-        }
+        } => migrate(&config, dry_run, force).await,
         Command::Log { config, limit } => {
             for c in commands::commits(&Config::load(&config)?, limit).await? {
                 print::commit(&c);

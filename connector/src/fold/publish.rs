@@ -42,15 +42,7 @@ pub(crate) async fn publish(
         if head.schema_version != graph.schema_version() {
             // A member with a newer schema changed the graph (and fenced
             // this one's writers): nothing of this fold may land under it.
-            return Err(Error::Incompatible {
-                root: graph.root().to_string(),
-                message: format!(
-                    "the graph's schema is version {}, this process's is version {}: a member \
-                     with a newer schema changed it; restart this member with that schema",
-                    head.schema_version,
-                    graph.schema_version()
-                ),
-            });
+            return Err(graph.schema_moved(head.schema_version));
         }
         if head.id != checked_on {
             return Ok(Published::Moved(head));

@@ -317,6 +317,36 @@ pub(crate) fn refusal(root: &str, refused: &[&Change]) -> Error {
     }
 }
 
+impl Graph {
+    /// The refusal of a process whose schema the graph's has moved past:
+    /// a member with a newer schema changed the tables (and fenced this
+    /// one's writers).
+    pub(crate) fn schema_moved(&self, head_version: u32) -> Error {
+        Error::Incompatible {
+            root: self.root.clone(),
+            message: format!(
+                "the graph's schema is version {head_version}, this process's is version {}: a \
+                 member with a newer schema changed it; restart this member with that schema",
+                self.schema_version()
+            ),
+        }
+    }
+
+    /// `e`, a failure of this process's session, or the refusal by name
+    /// when the graph's schema moved past this process's meanwhile: then a
+    /// write or a fold failed against the changed tables (a claim can land
+    /// between another member's table change and its schema commit), and
+    /// the schema is what to fix.
+    pub(crate) async fn or_schema_moved(&self, e: Error) -> Error {
+        match self.head().await {
+            Ok(head) if head.schema_version > self.schema_version() => {
+                self.schema_moved(head.schema_version)
+            }
+            _ => e,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -168,6 +168,7 @@ async fn session(
         writers,
         dead_letters.clone(),
     )?;
+    let watch = graph.clone();
     let mut fold_loop = FoldLoop::new(
         config,
         graph,
@@ -191,9 +192,13 @@ async fn session(
     let mut fold = fold_loop.spawn();
     if let Err(e) = run.serve(&kafka, events, &mut fold).await {
         total.records += run.records();
-        return Err(drain::stop_after_failure(kafka, fold, e).await);
+        let e = drain::stop_after_failure(kafka, fold, e).await;
+        return Err(watch.or_schema_moved(e).await);
     }
-    let summary = run.drain(kafka, fold).await?;
+    let summary = match run.drain(kafka, fold).await {
+        Ok(summary) => summary,
+        Err(e) => return Err(watch.or_schema_moved(e).await),
+    };
     total.records += summary.records;
     total.committed = summary.committed;
     Ok(())
