@@ -266,12 +266,20 @@ fn composite_text(
 }
 
 fn parse_object(raw: &[u8]) -> Step<serde_json::Map<String, serde_json::Value>> {
+    json_object(raw).map_err(|(code, m)| Fail::Record(code, m))
+}
+
+/// A value as one JSON object, or its fault (the change stage reads
+/// envelopes with it too).
+pub(super) fn json_object(
+    raw: &[u8],
+) -> std::result::Result<serde_json::Map<String, serde_json::Value>, (RejectCode, String)> {
     let text = std::str::from_utf8(raw)
-        .map_err(|e| Fail::Record(RejectCode::NotUtf8, format!("value is not UTF-8: {e}")))?;
+        .map_err(|e| (RejectCode::NotUtf8, format!("value is not UTF-8: {e}")))?;
     match serde_json::from_str(text) {
         Ok(serde_json::Value::Object(m)) => Ok(m),
-        Ok(_) => bad(RejectCode::NotAnObject, "value is not a JSON object"),
-        Err(e) => bad(RejectCode::MalformedJson, format!("value is not JSON: {e}")),
+        Ok(_) => Err((RejectCode::NotAnObject, "value is not a JSON object".into())),
+        Err(e) => Err((RejectCode::MalformedJson, format!("value is not JSON: {e}"))),
     }
 }
 

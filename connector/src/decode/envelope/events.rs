@@ -23,13 +23,7 @@ pub(super) enum Event {
 
 /// A value as a JSON object, or the record's fault.
 pub(super) fn object(value: &[u8]) -> Result<Map<String, Value>, Refusal> {
-    let text = std::str::from_utf8(value)
-        .map_err(|e| (RejectCode::NotUtf8, format!("value is not UTF-8: {e}")))?;
-    match serde_json::from_str(text) {
-        Ok(Value::Object(o)) => Ok(o),
-        Ok(_) => Err((RejectCode::NotAnObject, "value is not a JSON object".into())),
-        Err(e) => Err((RejectCode::MalformedJson, format!("value is not JSON: {e}"))),
-    }
+    super::super::json::json_object(value)
 }
 
 /// The JSON converter's `schemas.enable = true` form, `{schema, payload}`,
