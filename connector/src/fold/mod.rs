@@ -9,6 +9,8 @@
 //!    checks (endpoints, `@card`, `@unique`, referenced deletes, deferral);
 //! 4. `write` — delete and upsert passes per table, each commit carrying
 //!    the plan, so a crash before the publish is finished by `recover`;
+//!    then the table's compaction and its id index (`index`), in commits
+//!    of the plan too;
 //! 5. `publish` — the graph commit, a compare-and-swap on the head.
 //!
 //! Around them: `task` (the fold loop of a running connector), `offline`
@@ -19,6 +21,7 @@
 //! answer every time.
 
 mod checks;
+mod index;
 mod keys;
 mod migrate;
 mod offline;

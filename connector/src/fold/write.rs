@@ -206,6 +206,7 @@ async fn write_table(
     drop(set);
     let written = ds.clone();
     let ds = w.compact(ds).await?;
+    let ds = w.index(ds).await?;
     let moved = moved.filter(|_| written.version().version == from + 1);
     move_known(graph, known, plan, table, moved, &written, &ds).await?;
     // Sum every pass of this plan, including passes of a crashed attempt.
@@ -541,8 +542,10 @@ impl<'a> TableWrite<'a> {
         .ctx("delete keys")?;
         let mut b =
             MergeInsertBuilder::try_new(ds.clone(), vec![self.pk.into()]).ctx(self.table)?;
-        // No scalar index: graphsink builds none, and looking for one logs a
-        // spurious ERROR for the MemWAL index (Lance 14 `load_scalar_index`).
+        // Not the id index (`fold/index.rs`): on random keys its probe
+        // touches every page, slower than the hash join; and looking for
+        // one logs a spurious ERROR for the MemWAL index (Lance 14
+        // `load_scalar_index`).
         b.when_matched(WhenMatched::Delete)
             .when_not_matched(WhenNotMatched::DoNothing)
             .use_index(false)
@@ -607,6 +610,20 @@ impl<'a> TableWrite<'a> {
         };
         let ds = commit_staged(ds, staged.transaction, &self.plan_json, &pass).await?;
         Ok(Arc::new(ds))
+    }
+
+    /// Keeps lookups by id off a full scan (`index`), for node and edge
+    /// tables, in a commit of this plan.
+    async fn index(&self, ds: Arc<Dataset>) -> Result<Arc<Dataset>> {
+        if self.pk != ID {
+            return Ok(ds);
+        }
+        let pass = TableOutcome {
+            last: true,
+            ..Default::default()
+        };
+        let properties = pass_properties(&self.plan_json, &pass);
+        super::index::keep(ds, self.table, properties).await
     }
 
     /// Keeps fold cost flat in history: small fragments are merged in a

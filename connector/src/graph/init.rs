@@ -155,7 +155,11 @@ impl Graph {
             // partition (identity; Lance then reports 0 shards, so N is the
             // schema record's), and rejects by their (topic, partition),
             // which no spec expresses: none is recorded for them.
-            let builder = ds.initialize_mem_wal();
+            // No base index in the memtables: the id index (`fold/index.rs`)
+            // is the primary key's, which every generation keeps anyway.
+            let builder = ds
+                .initialize_mem_wal()
+                .maintained_indexes(Vec::<String>::new());
             let builder = match (self.layout.sharding, layout.name == REJECTS_TABLE) {
                 (Sharding::Bucket, _) => builder.bucket_sharding(pk, shards),
                 (Sharding::Partition, false) => builder.identity_sharding(SRC_PARTITION),
