@@ -280,6 +280,24 @@ async fn reads_at_the_head_a_commit_and_fresh(backend: Backend) {
         ages(&got),
         BTreeMap::from([("a".into(), head(10)), ("c".into(), head(3))])
     );
+    // The access path of --id: the fold's id index at the head and at a
+    // commit (its first fold made it, the second added a segment), and
+    // fresh, Lance's point lookup (generations behind their bloom
+    // filters) whose base arm probes the same index.
+    for at in [ReadAt::Head, ReadAt::Commit(c1.id.clone())] {
+        let plan = g.explain(&ids(&["a"], at.clone())).await.unwrap();
+        assert!(plan.contains("id_idx"), "{at:?}: {plan}");
+    }
+    let plan = g.explain(&ids(&["a"], ReadAt::Fresh)).await.unwrap();
+    assert!(
+        plan.starts_with("LsmPointLookup") && plan.contains("id_idx"),
+        "{plan}"
+    );
+    let plan = g.explain(&req(ReadAt::Head)).await.unwrap();
+    assert!(
+        !plan.contains("id_idx"),
+        "a read of every row scans: {plan}"
+    );
     // --id with a filter: the scan path, still one tier per row.
     let got = g
         .read(&ReadRequest {
@@ -396,6 +414,8 @@ async fn reads_at_the_head_a_commit_and_fresh(backend: Backend) {
     let mut lines: Vec<&str> = csv.lines().collect();
     lines[1..].sort();
     assert_eq!(lines, ["id,age", "a,1", "b,2", "c,3"], "{csv}");
+    let plan = stdout(&tg.cli(&["read", "--type", "Person", "--id", "d", "--explain"], &[]));
+    assert!(plan.contains("id_idx"), "{plan}");
     let table = stdout(&tg.cli(&["read", "--type", "Person", "--id", "d"], &[]));
     assert!(table.contains("| d "), "{table}");
     let n = stdout(&tg.cli(

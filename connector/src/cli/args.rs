@@ -60,6 +60,9 @@ pub(super) struct ReadArgs {
     limit: usize,
     #[arg(long, value_enum, default_value_t)]
     pub(super) format: RowFormat,
+    /// Print the read's access path (Lance's plan) instead of its rows.
+    #[arg(long)]
+    pub(super) explain: bool,
 }
 
 impl ReadArgs {

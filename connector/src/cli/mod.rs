@@ -261,6 +261,19 @@ impl Command {
     }
 }
 
+/// `graphsink read`: the rows, or with `--explain` the read's plan.
+async fn read_rows(config: &Config, read: &args::ReadArgs) -> Result<()> {
+    if read.explain {
+        println!(
+            "{}",
+            commands::read::explain(config, &read.request()).await?
+        );
+        return Ok(());
+    }
+    let rows = commands::read::read(config, &read.request()).await?;
+    rows::rows(&rows, read.format)
+}
+
 /// `graphsink fold`: refused while members run, unless forced.
 async fn fold(config: &Path, force: bool) -> Result<()> {
     let config = Config::load(config)?;
@@ -309,11 +322,7 @@ async fn dispatch(cmd: Command) -> Result<()> {
             print::snapshot(&commands::snapshot(&config, commit.as_deref()).await?);
             Ok(())
         }
-        Command::Read { config, read } => {
-            let format = read.format;
-            let rows = commands::read::read(&Config::load(&config)?, &read.request()).await?;
-            rows::rows(&rows, format)
-        }
+        Command::Read { config, read } => read_rows(&Config::load(&config)?, &read).await,
         Command::Neighbors { config, hop } => {
             let format = hop.format;
             let n = commands::read::neighbors(&Config::load(&config)?, &hop.request()).await?;

@@ -12,6 +12,11 @@ pub async fn read(config: &Config, req: &ReadRequest) -> Result<Rows> {
     Graph::open_configured(config).await?.read(req).await
 }
 
+/// The access path of a read: Lance's plan.
+pub(crate) async fn explain(config: &Config, req: &ReadRequest) -> Result<String> {
+    Graph::open_configured(config).await?.explain(req).await
+}
+
 /// One hop from a node of the config's graph, the edge types' ends as the
 /// config's schema declares them.
 pub async fn neighbors(config: &Config, req: &NeighborsRequest) -> Result<Neighbors> {

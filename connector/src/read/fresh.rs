@@ -103,23 +103,20 @@ async fn read_once(
     table: &str,
     req: &ReadRequest,
 ) -> std::result::Result<(arrow_schema::SchemaRef, Tiered), Retry> {
-    let src = source(graph, commit, table).await?;
-    let Some(src) = src else {
-        return Err(Retry::Again("a shard's generations have a gap".into()));
-    };
+    let src = source(graph, commit, table)
+        .await?
+        .map_err(|why| Retry::Again(why.into()))?;
     // Checked up front so an unknown column is named, not left to Lance.
     let schema = output_schema(&src.base, req.columns.as_deref(), true)?;
     if let Some(f) = &req.filter {
         super::whole_filter(f)?;
     }
-    if !req.ids.is_empty() && req.filter.is_none() {
+    if is_lookup(req) {
         return Ok((schema, lookup(&src, req).await?));
     }
-    let filter = combined_filter(&req.ids, req.filter.as_deref());
-    let mut sc = scanner(&src, req)?.with_memtable_gen();
-    if let Some(f) = &filter {
-        sc = sc.filter(f).map_err(|e| bad_filter(f, e))?;
-        sc.create_plan().await.map_err(|e| bad_filter(f, e))?;
+    let sc = planned(&src, req)?;
+    if let Some(f) = combined_filter(&req.ids, req.filter.as_deref()) {
+        sc.create_plan().await.map_err(|e| bad_filter(&f, e))?;
     }
     let stream = sc.try_into_stream().await.ctx(table)?;
     let batches: Vec<RecordBatch> = stream
@@ -137,15 +134,70 @@ async fn read_once(
     Ok((schema, tiered))
 }
 
-/// `--id` without a filter: Lance's point-lookup planner (a `pk IN (..)`
-/// filter with no tier column routes there; sources newest first, each
-/// short-circuiting), then the tier from `contains_pks` over the same
+/// The plan of a fresh read (`Graph::explain`).
+pub(super) async fn explain(
+    graph: &Graph,
+    commit: &GraphCommit,
+    table: &str,
+    req: &ReadRequest,
+) -> Result<String> {
+    let src = source(graph, commit, table)
+        .await?
+        .map_err(|why| Error::Broker(format!("fresh read of {table}: {why}; try again")))?;
+    let sc = planned(&src, req)?;
+    let plan = match combined_filter(&req.ids, req.filter.as_deref()) {
+        Some(f) => sc.create_plan().await.map_err(|e| bad_filter(&f, e))?,
+        None => sc.create_plan().await.ctx(table)?,
+    };
+    let shown = lance::deps::datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string();
+    // The point-lookup route runs as one opaque stream (Lance's own tests
+    // tell it by `OneShotStream`): name its sources, and show the base
+    // arm's plan, which is a plain Lance scan with the same filter.
+    if !(is_lookup(req) && shown.contains("OneShotStream")) {
+        return Ok(shown);
+    }
+    let f = super::id_in(&req.ids);
+    let mut base = src.base.scan();
+    base.filter(&f).map_err(|e| bad_filter(&f, e))?;
+    let base = base.explain_plan(true).await.ctx(table)?;
+    Ok(format!(
+        "LsmPointLookup ({shown}): newest source first, each stopping at the first match: \
+         the WAL tails of {} shards (in-memory primary-key index), {} flushed generations \
+         (bloom filter, then primary-key index), then the base table:\n{base}",
+        src.tails.len(),
+        src.generations - src.tails.len(),
+        shown = shown.trim()
+    ))
+}
+
+/// `--id` without a filter: a lookup by primary key.
+fn is_lookup(req: &ReadRequest) -> bool {
+    !req.ids.is_empty() && req.filter.is_none()
+}
+
+/// The scanner a read runs: for a lookup, a `pk IN (..)` filter with no
+/// tier column, which routes to Lance's point-lookup planner (sources
+/// newest first, each short-circuiting, generations behind their bloom
+/// filters, the base through its id index); else a scan with the tier
+/// column and the combined filter.
+fn planned(src: &FreshSource, req: &ReadRequest) -> Result<LsmScanner> {
+    if is_lookup(req) {
+        let f = super::id_in(&req.ids);
+        return scanner(src, req)?.filter(&f).map_err(|e| bad_filter(&f, e));
+    }
+    let mut sc = scanner(src, req)?.with_memtable_gen();
+    if let Some(f) = combined_filter(&req.ids, req.filter.as_deref()) {
+        sc = sc.filter(&f).map_err(|e| bad_filter(&f, e))?;
+    }
+    Ok(sc)
+}
+
+/// A lookup's rows, each with its tier from `contains_pks` over the same
 /// snapshots: an id the WAL tier holds came from it.
 async fn lookup(src: &FreshSource, req: &ReadRequest) -> Result<Vec<(RecordBatch, ArrayRef)>> {
-    let f = super::id_in(&req.ids);
-    let sc = scanner(src, req)?
-        .filter(&f)
-        .map_err(|e| bad_filter(&f, e))?;
+    let sc = planned(src, req)?;
     let uri = src.base.uri().to_string();
     let batches: Vec<RecordBatch> = sc
         .try_into_stream()
@@ -214,14 +266,15 @@ fn tiers_of(b: &RecordBatch) -> Result<ArrayRef> {
 
 /// The table at the commit's version and, per shard, the flushed
 /// generations above that version's compacted marker and the WAL's tail.
-/// `None` when the read must start again at a newer head: a shard's
+/// `Err(why)` when the read must start again at a newer head: a shard's
 /// generations have a gap above its marker (retention trimmed what a newer
-/// head folded), or a flush moved its replay mark while its tail was read.
+/// head folded), or flushes kept moving its replay mark through
+/// `SHARD_ATTEMPTS` reads of its tail.
 pub(crate) async fn source(
     graph: &Graph,
     commit: &GraphCommit,
     table: &str,
-) -> Result<Option<FreshSource>> {
+) -> Result<std::result::Result<FreshSource, &'static str>> {
     let base = Arc::new(open_pinned(graph, commit, table).await?);
     let markers = shards::compacted_markers(&base).await?;
     // Shards are read at once: each is its own manifest and WAL.
@@ -239,7 +292,8 @@ pub(crate) async fn source(
     for s in futures::future::try_join_all(reads).await? {
         match s {
             Shard::Absent => {}
-            Shard::Raced => return Ok(None),
+            Shard::Gap => return Ok(Err("a shard's generations have a gap")),
+            Shard::Moving => return Ok(Err("flushes kept moving a shard's replay mark")),
             Shard::Read { snap, tail, count } => {
                 if let Some(t) = tail {
                     src.tails.push((snap.shard_id, t));
@@ -249,15 +303,18 @@ pub(crate) async fn source(
             }
         }
     }
-    Ok(Some(src))
+    Ok(Ok(src))
 }
 
 /// What one shard adds to a fresh read.
 enum Shard {
     /// No manifest: the shard was never written.
     Absent,
-    /// A flush or retention moved it during the read: read again.
-    Raced,
+    /// Generations above the head's marker are missing (retention trimmed
+    /// what a newer head folded): read again at the new head.
+    Gap,
+    /// Flushes kept moving the replay mark through every attempt.
+    Moving,
     Read {
         snap: ShardSnapshot,
         tail: Option<InMemoryMemTables>,
@@ -266,18 +323,32 @@ enum Shard {
     },
 }
 
-/// One shard's generations above `upto` and its WAL tail, with its
-/// manifest read before and after: a moved replay mark or generation
-/// means a flush landed in between.
+/// How often one shard is read again when a flush moved its replay mark
+/// while its tail was read. The flush's generation is then in the
+/// shard's manifest, above the same marker, so the head need not move.
+const SHARD_ATTEMPTS: usize = 10;
+
+/// One shard's generations above `upto` and its WAL tail.
 async fn shard(base: &Dataset, sid: uuid::Uuid, upto: u64) -> Result<Shard> {
+    for _ in 0..SHARD_ATTEMPTS {
+        if let Some(s) = shard_once(base, sid, upto).await? {
+            return Ok(s);
+        }
+    }
+    Ok(Shard::Moving)
+}
+
+/// One attempt, with the shard's manifest read before and after: a moved
+/// replay mark or generation means a flush landed in between (`None`).
+async fn shard_once(base: &Dataset, sid: uuid::Uuid, upto: u64) -> Result<Option<Shard>> {
     let Some(m) = shards::latest_manifest(base, sid).await? else {
-        return Ok(Shard::Absent);
+        return Ok(Some(Shard::Absent));
     };
     let listed: HashSet<u64> = m.sstables.iter().map(|g| g.generation).collect();
     // Generations flush in order (g, then g+1): every one from the
     // marker up to the writer's current one is listed, unless trimmed.
     if (upto + 1..m.current_generation).any(|g| !listed.contains(&g)) {
-        return Ok(Shard::Raced);
+        return Ok(Some(Shard::Gap));
     }
     let mut snap = ShardSnapshot::new(sid)
         .with_spec_id(m.shard_spec_id)
@@ -287,16 +358,27 @@ async fn shard(base: &Dataset, sid: uuid::Uuid, upto: u64) -> Result<Shard> {
         snap = snap.with_sstable(g.generation, g.path.clone());
         count += 1;
     }
-    let tail = super::tail::wal_memtable(base, sid, &m).await?;
-    count += usize::from(tail.is_some());
+    // An entry a retention run deleted after a flush reads as gone: the
+    // manifest below has moved then, and the shard is read again.
+    let tail = match super::tail::wal_memtable(base, sid, &m).await {
+        Ok(t) => Some(t),
+        Err(Error::Lance { source, .. }) if is_gone(&source) => None,
+        Err(e) => return Err(e),
+    };
     let Some(after) = shards::latest_manifest(base, sid).await? else {
-        return Ok(Shard::Raced);
+        return Ok(None);
     };
     let mark = |m: &lance_index::mem_wal::ShardManifest| {
         (m.replay_after_wal_entry_position, m.current_generation)
     };
     if mark(&after) != mark(&m) {
-        return Ok(Shard::Raced);
+        return Ok(None);
     }
-    Ok(Shard::Read { snap, tail, count })
+    let Some(tail) = tail else {
+        return Err(Error::Corrupt(format!(
+            "shard {sid}: a WAL entry past the replay mark is gone and the mark has not moved"
+        )));
+    };
+    count += usize::from(tail.is_some());
+    Ok(Some(Shard::Read { snap, tail, count }))
 }

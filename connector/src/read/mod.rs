@@ -16,6 +16,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use futures::TryStreamExt;
+use lance::dataset::scanner::Scanner;
 use lance::Dataset;
 
 use crate::error::{Context, Error, Result};
@@ -87,13 +88,32 @@ impl Graph {
         }
         let ds = open_pinned(self, &commit, &table).await?;
         let schema = output_schema(&ds, req.columns.as_deref(), false)?;
-        let batches = scan_pinned(&ds, req).await?;
+        let scan = pinned_scanner(&ds, req).await?;
+        let stream = scan.try_into_stream().await.ctx(ds.uri())?;
+        let batches = stream.try_collect().await.ctx(ds.uri())?;
         Ok(Rows {
             commit,
             table,
             schema,
             batches,
         })
+    }
+
+    /// The access path a read takes, as Lance plans it (`graphsink read
+    /// --explain`): whether `--id` probes the id index (`ScalarIndexQuery`)
+    /// or a fresh lookup goes through the point-lookup planner.
+    pub async fn explain(&self, req: &ReadRequest) -> Result<String> {
+        let commit = match &req.at {
+            ReadAt::Commit(id) => self.commit(id).await?,
+            ReadAt::Head | ReadAt::Fresh => self.head().await?,
+        };
+        let table = table_of(&commit, &req.type_name)?;
+        if req.at == ReadAt::Fresh {
+            return fresh::explain(self, &commit, &table, req).await;
+        }
+        let ds = open_pinned(self, &commit, &table).await?;
+        let scan = pinned_scanner(&ds, req).await?;
+        scan.explain_plan(true).await.ctx(ds.uri())
     }
 }
 
@@ -206,8 +226,9 @@ pub(crate) fn output_schema(
     Ok(Arc::new(Schema::new(fields)))
 }
 
-/// A plain Lance scan of a table at its pinned version.
-async fn scan_pinned(ds: &Dataset, req: &ReadRequest) -> Result<Vec<RecordBatch>> {
+/// A plain Lance scan of a table at its pinned version, planned (so a
+/// bad filter is refused here, as the user's).
+async fn pinned_scanner(ds: &Dataset, req: &ReadRequest) -> Result<Scanner> {
     let filter = combined_filter(&req.ids, req.filter.as_deref());
     let mut scan = ds.scan();
     if let Some(cols) = &req.columns {
@@ -227,8 +248,7 @@ async fn scan_pinned(ds: &Dataset, req: &ReadRequest) -> Result<Vec<RecordBatch>
     if let Some(f) = &filter {
         scan.create_plan().await.map_err(|e| bad_filter(f, e))?;
     }
-    let stream = scan.try_into_stream().await.ctx(ds.uri())?;
-    stream.try_collect().await.ctx(ds.uri())
+    Ok(scan)
 }
 
 /// `batch` with only `schema`'s columns, in its order; `_tier` from

@@ -7,15 +7,17 @@
 //! id by position, tombstones hiding older rows). Lance builds the stores;
 //! graphsink only feeds them.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use arrow::array::RecordBatch;
 use futures::{StreamExt, TryStreamExt};
 use lance::dataset::mem_wal::scanner::{InMemoryMemTableRef, InMemoryMemTables};
 use lance::dataset::mem_wal::write::{BatchStore, IndexStore};
-use lance::dataset::mem_wal::WalTailer;
+use lance::dataset::mem_wal::{WalReadEntry, WalTailer};
 use lance::Dataset;
 use lance_index::mem_wal::ShardManifest;
+use tokio::sync::Mutex as AsyncMutex;
 use uuid::Uuid;
 
 use crate::error::{Context, Error, Result};
@@ -23,6 +25,42 @@ use crate::schema::ID;
 
 /// WAL entries read at once per shard.
 const ENTRY_READS: usize = 16;
+
+/// What this process has read of one shard's WAL, kept between fresh
+/// reads. A WAL entry is written once (put-if-absent at its position) and
+/// never changes, so a reader that reads again reads only the entries past
+/// those it holds, and its tailer finds the tip by probing forward from
+/// the highest entry it read, not from the position the shard's manifest
+/// last recorded (up to a fold interval of entries back). Entries at or
+/// below the replay mark (flushed into a generation) are dropped at each
+/// read, so it holds at most one shard's unflushed tail.
+struct ShardTail {
+    tailer: WalTailer,
+    entries: BTreeMap<u64, Vec<RecordBatch>>,
+}
+
+/// One shard's tail, read by one fresh read at a time.
+type Held = Arc<AsyncMutex<ShardTail>>;
+
+/// Every shard tail this process has read, by the table's location and
+/// the shard.
+static TAILS: LazyLock<Mutex<HashMap<(String, Uuid), Held>>> = LazyLock::new(Default::default);
+
+/// This process's tail of `shard`, made on its first read.
+async fn held(base: &Dataset, shard: Uuid) -> Result<Held> {
+    let location = base.branch_location().path;
+    let key = (location.to_string(), shard);
+    if let Some(memo) = TAILS.lock().expect("not poisoned").get(&key) {
+        return Ok(memo.clone());
+    }
+    let store = base.object_store(None).await.ctx("object store")?;
+    let made = Arc::new(AsyncMutex::new(ShardTail {
+        tailer: WalTailer::new(store, location, shard),
+        entries: BTreeMap::new(),
+    }));
+    let mut tails = TAILS.lock().expect("not poisoned");
+    Ok(tails.entry(key).or_insert(made).clone())
+}
 
 /// The durable rows of `shard` past `m`'s replay mark, as one memtable at
 /// the writer's current generation (above every flushed one); `None`
@@ -32,28 +70,44 @@ pub(super) async fn wal_memtable(
     shard: Uuid,
     m: &ShardManifest,
 ) -> Result<Option<InMemoryMemTables>> {
-    let store = base.object_store(None).await.ctx("object store")?;
-    let tail = WalTailer::new(store, base.branch_location().path, shard);
-    let end = tail
+    let memo = held(base, shard).await?;
+    let mut memo = memo.lock().await;
+    let end = memo
+        .tailer
         .next_position()
         .await
         .ctx(format!("WAL tip of {shard}"))?;
-    // Several reads in flight (each entry is one object), kept in WAL
-    // order. A missing entry is a fence sentinel's gap or one a retention
-    // run deleted after a flush; the manifest check after the read
-    // catches the second.
-    let entries: Vec<_> = futures::stream::iter(m.replay_after_wal_entry_position + 1..end)
-        .map(|pos| tail.read_entry(pos))
+    let from = m.replay_after_wal_entry_position + 1;
+    memo.entries.retain(|&p, _| p >= from && p < end);
+    // Several reads in flight (each entry is one object). A missing entry
+    // is a fence sentinel's gap or one a retention run deleted after a
+    // flush; the manifest check after the read catches the second.
+    let missing: Vec<u64> = (from..end)
+        .filter(|p| !memo.entries.contains_key(p))
+        .collect();
+    let tailer = memo.tailer.clone();
+    let read: Vec<(u64, Option<WalReadEntry>)> = futures::stream::iter(missing)
+        .map(|pos| {
+            let tailer = tailer.clone();
+            async move { Ok::<_, lance::Error>((pos, tailer.read_entry(pos).await?)) }
+        })
         .buffered(ENTRY_READS)
         .try_collect()
         .await
         .ctx(format!("WAL of {shard}"))?;
-    let batches: Vec<RecordBatch> = entries
-        .into_iter()
+    for (pos, entry) in read {
+        if let Some(e) = entry {
+            memo.entries.insert(pos, e.batches);
+        }
+    }
+    let batches: Vec<RecordBatch> = memo
+        .entries
+        .values()
         .flatten()
-        .flat_map(|e| e.batches)
         .filter(|b| b.num_rows() > 0)
+        .cloned()
         .collect();
+    drop(memo);
     let Some(first) = batches.first() else {
         return Ok(None);
     };
