@@ -2,7 +2,10 @@
 //! rows. Its access path is a Lance scan filtered on `src` (or `dst`),
 //! which graphsink keeps no index on; this writes an edge-shaped Lance
 //! table (`id`, `src`, `dst`, `since`, in 1M-row fragments, over N/10
-//! nodes) and times that scan, the same call `Graph::read` makes.
+//! nodes) and times that scan, the same call `Graph::read` makes. Then
+//! the id index the fold keeps (`fold/index.rs`): its first build, a
+//! lookup through it, and what it adds to a fold (a delta segment of one
+//! fold's rows; a merge every 8).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -81,5 +84,69 @@ pub(crate) async fn run(dir: &Path, n: u64) -> Result<(), BoxError> {
         let (a, b, c) = percentiles(ms).unwrap_or_default();
         println!("| {n} | {what}: `{filter}` | {found} | {a:.0} | {b:.0} | {c:.0} |");
     }
+    index_costs(&uri, n, ds).await
+}
+
+/// Rows one fold adds in the delta-segment measure: 5 s at 5,000/s.
+const FOLD_ROWS: u64 = 25_000;
+
+/// The id index's costs on the table `run` wrote.
+async fn index_costs(uri: &str, n: u64, ds: Dataset) -> Result<(), BoxError> {
+    let t = Instant::now();
+    let mut ds = graphsink::testing::keep_id_index(Arc::new(ds)).await?;
+    println!("\nfirst build of the id index over {n} rows: {:.0} ms", ms(t));
+    lookups(&ds, n, "by id, id index").await?;
+    let schema = Arc::new(Schema::from(ds.schema()));
+    let mut deltas = Vec::new();
+    for k in 0..8u64 {
+        let lo = n + k * FOLD_ROWS;
+        let ids: Vec<String> = (lo..lo + FOLD_ROWS).map(|i| format!("edges/0/{i}")).collect();
+        let other: Vec<String> = (lo..lo + FOLD_ROWS).map(|i| format!("n{i}")).collect();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from(ids)),
+                Arc::new(StringArray::from(other.clone())),
+                Arc::new(StringArray::from(other)),
+                Arc::new(Int32Array::from(vec![0; FOLD_ROWS as usize])),
+            ],
+        )?;
+        let params = WriteParams {
+            mode: WriteMode::Append,
+            ..Default::default()
+        };
+        let rows = RecordBatchIterator::new([Ok(batch)], schema.clone());
+        let appended = Dataset::write(rows, uri, Some(params)).await?;
+        let t = Instant::now();
+        ds = graphsink::testing::keep_id_index(Arc::new(appended)).await?;
+        deltas.push(ms(t));
+    }
+    let merge = deltas.pop().unwrap_or_default();
+    let (a, _, c) = percentiles(deltas).unwrap_or_default();
+    println!(
+        "a fold's delta segment ({FOLD_ROWS} new rows), 7 folds: p50 {a:.0} ms, max {c:.0} ms; \
+         the 8th, which merges the segments: {merge:.0} ms"
+    );
+    lookups(&ds, n, "by id, after 8 folds").await
+}
+
+/// 7 lookups of one id; the table row printed.
+async fn lookups(ds: &Dataset, n: u64, what: &str) -> Result<(), BoxError> {
+    let filter = "id = 'edges/0/4242'";
+    let mut times = Vec::new();
+    for _ in 0..7 {
+        let t = Instant::now();
+        let mut scan = ds.scan();
+        scan.filter(filter)?;
+        let batches: Vec<RecordBatch> = scan.try_into_stream().await?.try_collect().await?;
+        assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 1);
+        times.push(ms(t));
+    }
+    let (a, b, c) = percentiles(times).unwrap_or_default();
+    println!("| {n} | {what}: `{filter}` | 1 | {a:.0} | {b:.0} | {c:.0} |");
     Ok(())
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
 }

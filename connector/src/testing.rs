@@ -97,3 +97,12 @@ pub fn swap_known_addresses(policies: &Policies, table: &str, a: &str, b: &str) 
 pub fn known_ids(policies: &Policies, table: &str) -> Option<(u64, usize)> {
     policies.known_ids.held(table)
 }
+
+/// What a fold does to a table's id index (`fold/index.rs`): create it,
+/// index new fragments as a delta segment, or merge the segments. For the
+/// bench.
+pub async fn keep_id_index(
+    ds: std::sync::Arc<lance::Dataset>,
+) -> Result<std::sync::Arc<lance::Dataset>> {
+    crate::fold::keep_id_index(ds, "bench", Default::default()).await
+}

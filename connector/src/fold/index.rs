@@ -33,7 +33,7 @@ const MAX_SEGMENTS: usize = 8;
 
 /// Indexes what `ds` holds unindexed, in a commit carrying `properties`
 /// (the fold's plan). Returns `ds` itself when there is nothing to do.
-pub(super) async fn keep(
+pub(crate) async fn keep(
     ds: Arc<Dataset>,
     table: &str,
     properties: HashMap<String, String>,

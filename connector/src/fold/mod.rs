@@ -22,6 +22,7 @@
 
 mod checks;
 mod index;
+pub(crate) use index::keep as keep_id_index;
 mod keys;
 mod migrate;
 mod offline;
