@@ -40,7 +40,9 @@ pub(crate) struct Visibility {
     pub head_read_ms: Vec<f64>,
 }
 
-pub(crate) struct Params {
+pub(crate) struct Params<'a> {
+    /// An S3 root for the graph instead of the local filesystem.
+    pub s3: Option<&'a crate::s3::S3Bench>,
     pub secs: u64,
     pub rate: u64,
     pub partitions: i32,
@@ -50,22 +52,60 @@ pub(crate) struct Params {
 }
 
 /// The mode: the connector here, a paced producer, the reader a child.
-pub(crate) async fn run(broker: &Broker, dir: &Path, p: &Params) -> Result<(), BoxError> {
+pub(crate) async fn run(broker: &Broker, dir: &Path, p: &Params<'_>) -> Result<(), BoxError> {
     let topic = format!("fresh-{}", std::process::id());
     broker.create_topic(&topic, p.partitions).await?;
     std::fs::write(dir.join("f.pg"), SCHEMA)?;
-    let toml = format!(
-        "[graph]\nroot = \"{}\"\nschema = \"f.pg\"\n[kafka]\n\"bootstrap.servers\" = \"{}\"\n\
-         \"group.id\" = \"{topic}\"\n[wal]\nbuckets = {}\nflush_interval = \"{}ms\"\n\
-         [fold]\ninterval = \"{}\"\n[[mapping]]\ntopic = \"{topic}\"\nnode = \"F\"\n",
-        dir.join("graph").display(),
-        broker.bootstrap,
-        p.buckets,
-        p.wal_flush_ms,
-        p.fold_interval
-    );
+    let root = match p.s3 {
+        Some(s3) => s3.root(&topic),
+        None => crate::s3::Root::local(dir, "graph"),
+    };
+    let toml = |root: &crate::s3::Root| {
+        format!(
+            "[graph]\nroot = \"{}\"\nschema = \"f.pg\"\n{}[kafka]\n\"bootstrap.servers\" = \"{}\"\n\
+             \"group.id\" = \"{topic}\"\n[wal]\nbuckets = {}\nflush_interval = \"{}ms\"\n\
+             [fold]\ninterval = \"{}\"\n[[mapping]]\ntopic = \"{topic}\"\nnode = \"F\"\n",
+            root.uri,
+            root.storage_toml,
+            broker.bootstrap,
+            p.buckets,
+            p.wal_flush_ms,
+            p.fold_interval
+        )
+    };
     let config_path = dir.join("fresh.toml");
-    std::fs::write(&config_path, toml)?;
+    std::fs::write(&config_path, toml(&root))?;
+    // The reader's own view of an S3 root goes through a proxy that
+    // counts its requests (the writer's go to the server directly).
+    let proxy = match p.s3 {
+        Some(_) => {
+            let endpoint = root
+                .storage_toml
+                .split('"')
+                .find(|s| s.starts_with("http://"))
+                .ok_or("no S3 endpoint")?;
+            let upstream = endpoint.trim_start_matches("http://").parse()?;
+            Some(graphsink_testkit::FaultProxy::start(upstream)?)
+        }
+        None => None,
+    };
+    let reader_config = match &proxy {
+        Some(px) => {
+            let path = dir.join("fresh-reader.toml");
+            let storage_toml = root
+                .storage_toml
+                .replace(&px.upstream().to_string(), &px.addr().to_string());
+            std::fs::write(
+                &path,
+                toml(&crate::s3::Root {
+                    storage_toml,
+                    ..root.clone()
+                }),
+            )?;
+            path
+        }
+        None => config_path.clone(),
+    };
     let cfg = Config::load(&config_path)?;
     let stop = CancellationToken::new();
     let run = tokio::spawn(graphsink::run_with(
@@ -84,7 +124,7 @@ pub(crate) async fn run(broker: &Broker, dir: &Path, p: &Params) -> Result<(), B
     primer(broker, &topic, &cfg).await?;
     let records = (p.secs * p.rate) as i64;
     let spec = ReaderSpec {
-        config: config_path.clone(),
+        config: reader_config,
         records,
         deadline_ms: (p.secs + 60) * 1000,
     };
@@ -105,14 +145,44 @@ pub(crate) async fn run(broker: &Broker, dir: &Path, p: &Params) -> Result<(), B
     }
     let v: Visibility = serde_json::from_slice(&out.stdout)?;
     print(p, records, &v);
+    if let Some(px) = proxy {
+        reader_requests(&px.log(), v.fresh_read_ms.len() + v.head_read_ms.len());
+    }
     Ok(())
 }
 
-fn print(p: &Params, records: i64, v: &Visibility) {
+/// The reader's S3 requests by method and kind, per read (fresh and head
+/// reads together; the reader's opening of the graph included).
+fn reader_requests(log: &[graphsink_testkit::Exchange], reads: usize) {
+    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+    for e in log {
+        *by.entry(format!("{} {}", e.method, crate::s3::kind(&e.path)))
+            .or_default() += 1;
+    }
+    println!(
+        "reader's S3 requests: {} over {reads} reads ({:.1} per read)",
+        log.len(),
+        log.len() as f64 / reads.max(1) as f64
+    );
+    for (k, n) in by {
+        println!(
+            "  {k}: {n} ({:.1} per read)",
+            n as f64 / reads.max(1) as f64
+        );
+    }
+}
+
+fn print(p: &Params<'_>, records: i64, v: &Visibility) {
     println!(
         "freshness: {records} records at {}/s over {} s, {} partitions, {} buckets, \
-         fold.interval {}, wal.flush_interval {} ms; reader in another process",
-        p.rate, p.secs, p.partitions, p.buckets, p.fold_interval, p.wal_flush_ms
+         fold.interval {}, wal.flush_interval {} ms; reader in another process; root {}",
+        p.rate,
+        p.secs,
+        p.partitions,
+        p.buckets,
+        p.fold_interval,
+        p.wal_flush_ms,
+        if p.s3.is_some() { "S3 (moto)" } else { "local" }
     );
     println!(
         "| read | seen | produce→visible p50 ms | p99 ms | max ms | one read p50 ms | p99 ms |"

@@ -88,7 +88,21 @@ async fn run(a: Args) -> Result<(), BoxError> {
             Some(b) => broker::Broker::external(b.clone()),
             None => broker::Broker::start(&a.broker_backend, a.tansu_bin.clone(), &dir)?,
         };
+        // With --s3: the graph on a private moto, the reader's requests
+        // counted through a proxy of its own.
+        let s3 = if a.s3 {
+            Some(s3::S3Bench::start(
+                None,
+                a.moto_bin.clone(),
+                None,
+                false,
+                &dir,
+            )?)
+        } else {
+            None
+        };
         let p = freshness::Params {
+            s3: s3.as_ref(),
             secs: a.freshness,
             rate: a.freshness_rate,
             partitions: a.partitions,

@@ -290,7 +290,7 @@ fn strip_ansi(s: &str) -> &str {
 /// `<table>/_versions/`, `data/`, `_transactions/`, ... of a table, and
 /// `__manifest/...` (the graph's manifest table). Multipart steps and LISTs
 /// are told apart by the query.
-fn kind(target: &str) -> String {
+pub(crate) fn kind(target: &str) -> String {
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     // A LIST names the bucket as its path and the key prefix in the query.
     let listed = query
