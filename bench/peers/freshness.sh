@@ -31,6 +31,18 @@ log "graphsink: graphsink-bench --latency-rate $rate --latency-secs $secs"
 "$bench_bin" --broker "$bs" --records 100000 --latency-rate "$rate" --latency-secs "$secs" ${GRAPHSINK_BENCH_ARGS:-} \
     --json "$out/bench.json" >"$out/bench.out" 2>"$out/bench.err" || log "the bench failed: $out/bench.err"
 
+# graphsink's reads from another process (`graphsink-bench --freshness`,
+# when the bench has it): the same rate and duration, a reader child that
+# alternates a fresh read (base + unfolded generations + the WAL tail)
+# and a head read (the graph commit).
+if "$bench_bin" --help 2>/dev/null | grep -q -- '--freshness '; then
+    log "graphsink: graphsink-bench --freshness $secs --freshness-rate $rate (reader in another process)"
+    # shellcheck disable=SC2086
+    "$bench_bin" --broker "$bs" --freshness "$secs" --freshness-rate "$rate" --partitions 8 --buckets 4 \
+        ${GRAPHSINK_BENCH_ARGS:-} >"$out/graphsink-reads.txt" 2>"$out/graphsink-reads.err" ||
+        log "graphsink's reads failed: $out/graphsink-reads.err"
+fi
+
 fresh() {  # fresh NAME TOPIC READER PEER_CMD
     log "freshness: $1"
     "$PEERS_PYTHON" "$here/freshness.py" --bootstrap "$bs" --topic "$2" \
@@ -81,6 +93,17 @@ try:
     d = b.get("durable_ack_latency") or {}
     print(f"| graphsink (durable ack) | {d.get('p50_ms', 0):.0f} | {d.get('p99_ms', 0):.0f} | {d.get('max_ms', 0):.0f} | {d.get('samples')} | – | offsets committed, WAL durable |")
 except (OSError, ValueError):
+    pass
+try:  # graphsink-bench --freshness: "| fresh | seen | p50 | p99 | max | read p50 | read p99 |"
+    n = None
+    for line in (out / "graphsink-reads.txt").read_text().splitlines():
+        if line.startswith("freshness: "):
+            n = int(line.split()[1])
+        c = [x.strip() for x in line.strip("|").split("|")]
+        if len(c) == 7 and c[0] in ("fresh", "head"):
+            what = "fresh read (WAL tail, not a commit)" if c[0] == "fresh" else "head read (the graph commit)"
+            print(f"| graphsink, {c[0]} read from another process | {c[2]} | {c[3]} | {c[4]} | {c[1]} | {n - int(c[1]) if n else '–'} | {what}; one read p50/p99 {c[5]}/{c[6]} ms |")
+except OSError:
     pass
 for f in sorted(out.glob("*.out")):
     if f.name == "bench.out":
