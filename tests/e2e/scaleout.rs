@@ -467,7 +467,14 @@ async fn an_id_moving_partition_between_folds_is_refused_and_its_row_stays() {
     wait_for(
         "round 1 is in the graph",
         Duration::from_secs(60),
-        || async { tg.rows("nodes/Person").await.len() == 3 },
+        // The member initialises the graph in its own task: until then
+        // there is none to open (a loaded machine lost this race once).
+        || async {
+            graphsink::Graph::open_configured(&tg.config())
+                .await
+                .is_ok()
+                && tg.rows("nodes/Person").await.len() == 3
+        },
     )
     .await;
     // a rewritten from partition 3, b deleted from partition 2: breaches;
