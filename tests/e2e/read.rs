@@ -553,13 +553,10 @@ async fn hostile_input_is_one_line_and_exit_2(backend: Backend) {
     pool.close().await.unwrap();
 }
 
-/// lance#9035: a flush right after the ack can freeze a memtable whose
-/// primary-key index still lags; the generation's `_pk_index` sidecar
-/// would then miss keys, and a fresh lookup would pass over that
-/// generation (an older value, or none) or fail. Rows are acknowledged and
-/// flushed at once, over and over; then every id is looked up through the
-/// point-lookup path and read by a scan, and both show its newest value.
-async fn lookups_find_every_row_of_generations_flushed_right_after_the_ack(backend: Backend) {
+/// A graph of Persons written straight into its WAL shards, no consumer
+/// (the writes, flushes and folds run when the test says): the test graph
+/// (kept for its folder), its topic, the graph, its shards, a decoder.
+async fn direct(backend: Backend) -> (TestGraph, String, Graph, ShardPool, RecordDecoder) {
     crate::init_logs();
     let tg = TestGraph::on(
         backend,
@@ -575,7 +572,18 @@ async fn lookups_find_every_row_of_generations_flushed_right_after_the_ack(backe
     let pool = ShardPool::open(&g, &cfg.wal, &g.wal_tables())
         .await
         .unwrap();
-    let mut dp = RecordDecoder::new(g.schema(), &cfg.mappings[0], 64, 1 << 20).unwrap();
+    let dp = RecordDecoder::new(g.schema(), &cfg.mappings[0], 64, 1 << 20).unwrap();
+    (tg, topic, g, pool, dp)
+}
+
+/// lance#9035: a flush right after the ack can freeze a memtable whose
+/// primary-key index still lags; the generation's `_pk_index` sidecar
+/// would then miss keys, and a fresh lookup would pass over that
+/// generation (an older value, or none) or fail. Rows are acknowledged and
+/// flushed at once, over and over; then every id is looked up through the
+/// point-lookup path and read by a scan, and both show its newest value.
+async fn lookups_find_every_row_of_generations_flushed_right_after_the_ack(backend: Backend) {
+    let (_tg, topic, g, pool, mut dp) = direct(backend).await;
     let names: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
     let mut offset = 0;
     for round in 0..3 {
@@ -615,22 +623,7 @@ crate::on_every_backend!(
 /// fold published) run: every read shows each id exactly once, at a value
 /// it was acknowledged with, never older than what the read before saw.
 async fn a_fresh_read_racing_folds_never_shows_a_row_twice_or_loses_one(backend: Backend) {
-    crate::init_logs();
-    let tg = TestGraph::on(
-        backend,
-        SCHEMA,
-        &["node = \"Person\""],
-        "[wal]\nbuckets = 2",
-    );
-    let cfg = tg.config();
-    let topic = tg.topics[0].clone();
-    let g = Graph::open_or_init(&cfg, GraphSchema::load(&cfg.schema_path()).unwrap())
-        .await
-        .unwrap();
-    let pool = ShardPool::open(&g, &cfg.wal, &g.wal_tables())
-        .await
-        .unwrap();
-    let mut dp = RecordDecoder::new(g.schema(), &cfg.mappings[0], 64, 1 << 20).unwrap();
+    let (_tg, topic, g, pool, mut dp) = direct(backend).await;
     const IDS: i32 = 20;
     let names: Vec<String> = (0..IDS).map(|i| format!("p{i}")).collect();
     let recs: Vec<_> = names.iter().map(|n| person(n, 0)).collect();

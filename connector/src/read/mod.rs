@@ -78,11 +78,7 @@ impl Rows {
 impl Graph {
     /// Rows of one type at the head, at a commit, or fresh.
     pub async fn read(&self, req: &ReadRequest) -> Result<Rows> {
-        let commit = match &req.at {
-            ReadAt::Commit(id) => self.commit(id).await?,
-            ReadAt::Head | ReadAt::Fresh => self.head().await?,
-        };
-        let table = table_of(&commit, &req.type_name)?;
+        let (commit, table) = self.read_target(req).await?;
         if req.at == ReadAt::Fresh {
             return fresh::read(self, commit, table, req).await;
         }
@@ -103,17 +99,24 @@ impl Graph {
     /// --explain`): whether `--id` probes the id index (`ScalarIndexQuery`)
     /// or a fresh lookup goes through the point-lookup planner.
     pub async fn explain(&self, req: &ReadRequest) -> Result<String> {
-        let commit = match &req.at {
-            ReadAt::Commit(id) => self.commit(id).await?,
-            ReadAt::Head | ReadAt::Fresh => self.head().await?,
-        };
-        let table = table_of(&commit, &req.type_name)?;
+        let (commit, table) = self.read_target(req).await?;
         if req.at == ReadAt::Fresh {
             return fresh::explain(self, &commit, &table, req).await;
         }
         let ds = open_pinned(self, &commit, &table).await?;
         let scan = pinned_scanner(&ds, req).await?;
         scan.explain_plan(true).await.ctx(ds.uri())
+    }
+
+    /// The commit a read is at (the head's, for a fresh read: its base)
+    /// and the table of the requested type there.
+    async fn read_target(&self, req: &ReadRequest) -> Result<(GraphCommit, String)> {
+        let commit = match &req.at {
+            ReadAt::Commit(id) => self.commit(id).await?,
+            ReadAt::Head | ReadAt::Fresh => self.head().await?,
+        };
+        let table = table_of(&commit, &req.type_name)?;
+        Ok((commit, table))
     }
 }
 

@@ -29,14 +29,15 @@ const ENTRY_READS: usize = 16;
 /// What this process has read of one shard's WAL, kept between fresh
 /// reads. A WAL entry is written once (put-if-absent at its position) and
 /// never changes, so a reader that reads again reads only the entries past
-/// those it holds, and its tailer finds the tip by probing forward from
-/// the highest entry it read, not from the position the shard's manifest
-/// last recorded (up to a fold interval of entries back). Entries at or
-/// below the replay mark (flushed into a generation) are dropped at each
-/// read, so it holds at most one shard's unflushed tail.
+/// those it holds, from the tip it found last, not from the position the
+/// shard's manifest last recorded (up to a fold interval of entries back).
+/// Entries at or below the replay mark (flushed into a generation) are
+/// dropped at each read, so it holds at most one shard's unflushed tail.
 struct ShardTail {
     tailer: WalTailer,
     entries: BTreeMap<u64, Vec<RecordBatch>>,
+    /// The first position past the WAL's tip when last read (0: not yet).
+    tip: u64,
 }
 
 /// One shard's tail, read by one fresh read at a time.
@@ -57,6 +58,7 @@ async fn held(base: &Dataset, shard: Uuid) -> Result<Held> {
     let made = Arc::new(AsyncMutex::new(ShardTail {
         tailer: WalTailer::new(store, location, shard),
         entries: BTreeMap::new(),
+        tip: 0,
     }));
     let mut tails = TAILS.lock().expect("not poisoned");
     Ok(tails.entry(key).or_insert(made).clone())
@@ -72,34 +74,30 @@ pub(super) async fn wal_memtable(
 ) -> Result<Option<InMemoryMemTables>> {
     let memo = held(base, shard).await?;
     let mut memo = memo.lock().await;
-    let end = memo
-        .tailer
-        .next_position()
-        .await
-        .ctx(format!("WAL tip of {shard}"))?;
     let from = m.replay_after_wal_entry_position + 1;
-    memo.entries.retain(|&p, _| p >= from && p < end);
-    // Several reads in flight (each entry is one object). A missing entry
-    // is a fence sentinel's gap or one a retention run deleted after a
-    // flush; the manifest check after the read catches the second.
-    let missing: Vec<u64> = (from..end)
+    if memo.tip == 0 {
+        // The first read of this shard here: Lance's probe, from the
+        // cursor the shard's manifest published.
+        memo.tip = memo
+            .tailer
+            .next_position()
+            .await
+            .ctx(format!("WAL tip of {shard}"))?;
+    }
+    memo.entries.retain(|&p, _| p >= from);
+    // Below the last tip: the entries not held yet. A missing one is a
+    // fence sentinel's gap or one a retention run deleted after a flush;
+    // the manifest check after the read catches the second.
+    let missing: Vec<u64> = (from..memo.tip)
         .filter(|p| !memo.entries.contains_key(p))
         .collect();
-    let tailer = memo.tailer.clone();
-    let read: Vec<(u64, Option<WalReadEntry>)> = futures::stream::iter(missing)
-        .map(|pos| {
-            let tailer = tailer.clone();
-            async move { Ok::<_, lance::Error>((pos, tailer.read_entry(pos).await?)) }
-        })
-        .buffered(ENTRY_READS)
-        .try_collect()
-        .await
-        .ctx(format!("WAL of {shard}"))?;
-    for (pos, entry) in read {
+    for (pos, entry) in read_entries(&memo.tailer, missing, shard).await? {
         if let Some(e) = entry {
             memo.entries.insert(pos, e.batches);
         }
     }
+    let start = memo.tip.max(from);
+    memo.tip = read_forward(&mut memo, start, shard).await?;
     let batches: Vec<RecordBatch> = memo
         .entries
         .values()
@@ -143,4 +141,42 @@ pub(super) async fn wal_memtable(
         },
         frozen: Vec::new(),
     }))
+}
+
+/// Reads `positions` of a shard's WAL, `ENTRY_READS` at a time (each
+/// entry is one object), in order; `None` where there is no entry.
+async fn read_entries(
+    tailer: &WalTailer,
+    positions: Vec<u64>,
+    shard: Uuid,
+) -> Result<Vec<(u64, Option<WalReadEntry>)>> {
+    futures::stream::iter(positions)
+        .map(|pos| async move { Ok::<_, lance::Error>((pos, tailer.read_entry(pos).await?)) })
+        .buffered(ENTRY_READS)
+        .try_collect()
+        .await
+        .ctx(format!("WAL of {shard}"))
+}
+
+/// Reads the entries written since the last tip, in windows of 1, 2, 4,
+/// … `ENTRY_READS` positions, until a position has no entry: that is the
+/// new tip, as Lance's `WalTailer::next_position` finds it with a `HEAD`
+/// per position in turn. Here the probe is the read itself, and a window
+/// runs at once: on S3, ~N/16 round trips for N new entries instead of
+/// 2·N requests, half of them in turn (docs/reads.md). An entry past the
+/// first missing one in a window (written while the window was read) is
+/// read again next time.
+async fn read_forward(memo: &mut ShardTail, mut pos: u64, shard: Uuid) -> Result<u64> {
+    let mut window = 1;
+    loop {
+        let positions: Vec<u64> = (pos..pos + window).collect();
+        for (p, entry) in read_entries(&memo.tailer, positions, shard).await? {
+            match entry {
+                Some(e) => memo.entries.insert(p, e.batches),
+                None => return Ok(p),
+            };
+        }
+        pos += window;
+        window = (window * 2).min(ENTRY_READS as u64);
+    }
 }
