@@ -46,7 +46,7 @@ fi
 fresh() {  # fresh NAME TOPIC READER PEER_CMD
     log "freshness: $1"
     "$PEERS_PYTHON" "$here/freshness.py" --bootstrap "$bs" --topic "$2" \
-        --rate "$rate" --secs "$secs" --reader "$3" --peer-cmd "$4" --drain-timeout "${drain:-120}" \
+        --rate "$rate" --secs "$secs" --reader "$3" --peer-cmd "$4" --drain-timeout "${drain:-120}" --warmup-timeout "${warmup:-180}" \
         >"$out/$1.out" 2>"$out/$1.err" ||
         log "freshness of $1 failed: $out/$1.err"
 }
@@ -69,8 +69,10 @@ for p in ${peers//,/ }; do
                 dd="$d/commit-${c:-default}"
                 mkdir -p "$dd/warehouse"
                 topic="fresh-iceberg-$(date +%s%N)"
-                drain=120
-                [ -n "$c" ] || drain=420   # the default interval is 300 s
+                drain=120 warmup=180
+                # The default interval is 300 s: the primers wait for the
+                # first commit, the paced records for the next.
+                [ -n "$c" ] || drain=420 warmup=420
                 iceberg_properties "$dd" "$topic" "$topic" "" "$c"
                 fresh "iceberg-${c:-default}s" "$topic" "iceberg:$dd/warehouse" \
                     "java -Xms256m -Xmx1g -Dlog4j2.configurationFile=$ICEBERG_DIR/log4j2.properties -cp $ICEBERG_LIBS/* org.apache.kafka.connect.cli.ConnectStandalone $dd/worker.properties $dd/sink.properties"
