@@ -77,34 +77,20 @@ pub(crate) async fn run(broker: &Broker, dir: &Path, p: &Params<'_>) -> Result<(
     std::fs::write(&config_path, toml(&root))?;
     // The reader's own view of an S3 root goes through a proxy that
     // counts its requests (the writer's go to the server directly).
-    let proxy = match p.s3 {
-        Some(_) => {
-            let endpoint = root
-                .storage_toml
-                .split('"')
-                .find(|s| s.starts_with("http://"))
-                .ok_or("no S3 endpoint")?;
-            let upstream = endpoint.trim_start_matches("http://").parse()?;
-            Some(graphsink_testkit::FaultProxy::start(upstream)?)
-        }
-        None => None,
-    };
-    let reader_config = match &proxy {
-        Some(px) => {
+    let (proxy, reader_config) = match p.s3 {
+        Some(s3) => {
+            let upstream = s3
+                .endpoint()
+                .strip_prefix("http://")
+                .ok_or("no http:// S3 endpoint")?
+                .parse()?;
+            let px = graphsink_testkit::FaultProxy::start(upstream)?;
             let path = dir.join("fresh-reader.toml");
-            let storage_toml = root
-                .storage_toml
-                .replace(&px.upstream().to_string(), &px.addr().to_string());
-            std::fs::write(
-                &path,
-                toml(&crate::s3::Root {
-                    storage_toml,
-                    ..root.clone()
-                }),
-            )?;
-            path
+            let via = format!("http://{}", px.addr());
+            std::fs::write(&path, toml(&s3.root_via(&topic, &via)))?;
+            (Some(px), path)
         }
-        None => config_path.clone(),
+        None => (None, config_path.clone()),
     };
     let cfg = Config::load(&config_path)?;
     let stop = CancellationToken::new();

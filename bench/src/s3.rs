@@ -152,12 +152,23 @@ impl S3Bench {
 
     /// A fresh graph root under the bench bucket.
     pub(crate) fn root(&self, prefix: &str) -> Root {
+        self.root_via(prefix, &self.endpoint)
+    }
+
+    /// What graphsink talks to (the proxy when counting through one).
+    pub(crate) fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The root `prefix`, reached through `endpoint` (a proxy of a
+    /// caller's own in front of this server).
+    pub(crate) fn root_via(&self, prefix: &str, endpoint: &str) -> Root {
         Root {
             uri: format!("s3://{BUCKET}/{prefix}"),
             storage_toml: format!(
                 "[graph.storage_options]\naws_endpoint = \"{}\"\naws_region = \"{}\"\n\
                  aws_access_key_id = \"{}\"\naws_secret_access_key = \"{}\"\naws_allow_http = \"true\"\n",
-                self.endpoint,
+                endpoint,
                 tk::REGION,
                 tk::ACCESS_KEY,
                 tk::SECRET_KEY
