@@ -210,6 +210,25 @@ impl Stage {
         Ok(())
     }
 
+    /// `stop_and_finish` without the session's wait: the final run joins
+    /// while the group may still count the stopped member.
+    pub(crate) async fn stop_and_finish_at_once(
+        &mut self,
+        mut p: Process,
+        env: &Env,
+        main: &mut Broker,
+        r: &mut PhaseReport,
+    ) -> Res<()> {
+        println!("   SIGTERM to graphsink, then a fresh run --exit-at-end at once");
+        let e = p.stop(Duration::from_secs(60)).await;
+        if e.code != Some(0) {
+            r.own_exits.push(format!("stop: {e:?}: {}", p.tail(1)));
+        }
+        self.finish(env, main, r).await?;
+        keep_on_failure(self, r);
+        Ok(())
+    }
+
     /// Stops the producer and produces the closing records.
     async fn close_feed(&mut self, main: &Broker, r: &mut PhaseReport) -> Res<()> {
         let feed = self.feed.take().expect("a feed");

@@ -109,6 +109,13 @@ pub enum Error {
         lag: i64,
         waited: std::time::Duration,
     },
+    #[error("--exit-at-end waited {waited:?} (a rejoin included) for {partitions}, held by another member of group {group}, while {lag} records wait and no member advances their offsets; exiting without reaching the end, so the job is not taken for done")]
+    EndUnreached {
+        group: String,
+        partitions: String,
+        lag: i64,
+        waited: std::time::Duration,
+    },
     #[error("{task} panicked: {message}")]
     Panic { task: &'static str, message: String },
     #[error("failpoint {0} fired")]
@@ -158,6 +165,7 @@ impl Error {
             Error::Intolerable { .. } => ErrorKind::BadInput,
             Error::DeadLetter { .. }
             | Error::Unassigned { .. }
+            | Error::EndUnreached { .. }
             | Error::RegistrySchemaGrew { .. } => ErrorKind::Retry,
             Error::Fenced { .. } | Error::ProducerFenced { .. } => ErrorKind::Fenced,
             Error::WalUnavailable { .. } => ErrorKind::Retry,

@@ -1,9 +1,13 @@
-//! Offsets: per-partition durable watermarks, advanced only by poll acks
-//! that arrive in poll order, and the spans of offsets written since the
-//! last fold cut. Does not talk to Kafka; the consumer commits what this
-//! says is committable.
+//! Offsets: the one record of a session's offsets (`OffsetBook`: each
+//! partition's durable watermark, advanced only by poll acks that arrive in
+//! poll order; what the broker confirmed committed; so what may be
+//! committed), and the spans of offsets written since the last fold cut.
+//! Every rule for what may be committed is here; `kafka` sends the commits
+//! this says, and reports back which the broker took. Does not talk to
+//! Kafka.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::types::OffsetRange;
 pub(crate) use crate::types::TopicPartition;
@@ -73,10 +77,93 @@ impl<'a> PollSpans<'a> {
     }
 }
 
+/// The session's offsets, shared by the run loop and the consumer's
+/// callbacks (librdkafka calls them on the thread that polls). Every
+/// update replaces whole entries, so a lock poisoned by a panic elsewhere
+/// still holds a valid record and is used as it is.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OffsetBook {
+    marks: Arc<Mutex<DurableWatermarks>>,
+}
+
+impl OffsetBook {
+    fn marks(&self) -> MutexGuard<'_, DurableWatermarks> {
+        self.marks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A durable poll, applied in poll order: the watermarks of its
+    /// partitions still `assigned` advance (a revoked partition's records
+    /// belong to its next owner). Returns each advanced partition with its
+    /// next offset.
+    pub(crate) fn durable(
+        &self,
+        mut ack: PollAck,
+        assigned: &BTreeSet<TopicPartition>,
+    ) -> Vec<(TopicPartition, i64)> {
+        ack.high.retain(|tp, _| assigned.contains(tp));
+        let mut marks = self.marks();
+        marks.apply(&ack);
+        ack.high
+            .into_keys()
+            .filter_map(|tp| marks.next(&tp).map(|n| (tp, n)))
+            .collect()
+    }
+
+    /// What may be committed now: the watermark of each `assigned`
+    /// partition that moved past what the broker confirmed. A commit the
+    /// broker refused stays here, so the next commit sends it again.
+    pub(crate) fn to_commit(
+        &self,
+        assigned: &BTreeSet<TopicPartition>,
+    ) -> Vec<(TopicPartition, i64)> {
+        self.marks()
+            .uncommitted()
+            .into_iter()
+            .filter(|(tp, _)| assigned.contains(tp))
+            .collect()
+    }
+
+    /// What a revoke may commit before the partitions go: the same rule,
+    /// for the partitions being revoked.
+    pub(crate) fn to_commit_on_revoke(
+        &self,
+        revoked: &[TopicPartition],
+    ) -> Vec<(TopicPartition, i64)> {
+        self.marks()
+            .uncommitted()
+            .into_iter()
+            .filter(|(tp, _)| revoked.contains(tp))
+            .collect()
+    }
+
+    /// The broker took these commits.
+    pub(crate) fn committed(&self, done: &[(TopicPartition, i64)]) {
+        self.marks().mark_committed(done);
+    }
+
+    /// The offset a commit of `tp` may name (one past its last durable record).
+    pub(crate) fn watermark(&self, tp: &TopicPartition) -> Option<i64> {
+        self.marks().next(tp)
+    }
+
+    /// Every partition's watermark (the summary of a run).
+    pub(crate) fn watermarks(&self) -> Vec<(TopicPartition, i64)> {
+        self.marks().all()
+    }
+
+    /// Revoked partitions: their watermarks and commits are forgotten.
+    pub(crate) fn forget(&self, tps: &[TopicPartition]) {
+        let mut marks = self.marks();
+        for tp in tps {
+            marks.forget(tp);
+        }
+    }
+}
+
 /// Contiguous durable progress per partition: `next` is the offset a
 /// commit may name (one past the last durable record).
 #[derive(Debug, Default)]
-pub(crate) struct DurableWatermarks {
+struct DurableWatermarks {
     next: BTreeMap<TopicPartition, i64>,
     committed: BTreeMap<TopicPartition, i64>,
 }
@@ -95,7 +182,7 @@ impl DurableWatermarks {
     pub(crate) fn uncommitted(&self) -> Vec<(TopicPartition, i64)> {
         self.next
             .iter()
-            .filter(|(tp, n)| self.committed.get(*tp) != Some(n))
+            .filter(|(tp, n)| self.committed.get(*tp).is_none_or(|c| c < n))
             .map(|(tp, n)| (tp.clone(), *n))
             .collect()
     }
@@ -104,9 +191,15 @@ impl DurableWatermarks {
         self.next.iter().map(|(tp, n)| (tp.clone(), *n)).collect()
     }
 
+    /// Marks commits the broker took; a commit older than one already
+    /// taken (an async reply arriving late) changes nothing.
     pub(crate) fn mark_committed(&mut self, done: &[(TopicPartition, i64)]) {
         for (tp, n) in done {
-            self.committed.insert(tp.clone(), *n);
+            if !self.next.contains_key(tp) {
+                continue; // revoked meanwhile
+            }
+            let c = self.committed.entry(tp.clone()).or_insert(*n);
+            *c = (*c).max(*n);
         }
     }
 
@@ -186,6 +279,33 @@ mod tests {
         let all = w.all();
         w.mark_committed(&all);
         assert!(w.uncommitted().is_empty());
+    }
+
+    #[test]
+    fn a_refused_or_late_commit_leaves_the_offset_to_commit_again() {
+        let book = OffsetBook::default();
+        let tp = ("t".to_string(), 0);
+        let assigned: BTreeSet<_> = [tp.clone()].into();
+        let mut a = PollAck::default();
+        a.record("t", 0, 9);
+        book.durable(a.clone(), &assigned);
+        // Sent but not confirmed (an async commit the broker refused).
+        assert_eq!(book.to_commit(&assigned), vec![(tp.clone(), 10)]);
+        assert_eq!(book.to_commit(&assigned), vec![(tp.clone(), 10)]);
+        a.record("t", 0, 19);
+        book.durable(a, &assigned);
+        book.committed(&[(tp.clone(), 20)]);
+        // An older reply arriving after a newer one moves nothing back.
+        book.committed(&[(tp.clone(), 10)]);
+        assert!(book.to_commit(&assigned).is_empty());
+        // A poisoned lock still answers (a panic elsewhere while holding it).
+        let b = book.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = b.marks.lock().unwrap();
+            panic!("poison");
+        })
+        .join();
+        assert_eq!(book.watermark(&tp), Some(20));
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod cdc;
 mod edges;
 mod evolution;
 mod formats;
+mod ghost;
 mod group;
 mod harness;
 mod ops;

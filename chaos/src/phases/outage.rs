@@ -86,12 +86,22 @@ pub(super) async fn outage(env: &Env, seed: u64, kind: Outage, r: &mut PhaseRepo
     let mut st = Stage::new(env, name, seed, &main, &dlq, None).await?;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut p = st.spawn(env, None)?;
-    for (i, d) in kind.steps(env).iter().enumerate() {
+    let steps = kind.steps(env);
+    for (i, d) in steps.iter().enumerate() {
         if let Some(e) = p.wait_for(secs(&mut rng, 3.0, 8.0)).await {
             tokio::time::sleep(SESSION).await;
             p = supervise(env, &mut p, &st, r, &mut main, e)?;
         }
         kind.apply(i, d, &mut main, &dlq, &mut rng, r).await?;
+        if matches!(kind, Outage::Freeze) && i + 1 == steps.len() {
+            // Issue 49's schedule: a SIGTERM 3 s after the last freeze
+            // ends, while the coordinator may still count the member (its
+            // leave can fail with NotCoordinator), then a fresh
+            // `--exit-at-end` run at once, which must not end before the
+            // partitions the departed member held are at their end.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            return st.stop_and_finish_at_once(p, env, &mut main, r).await;
+        }
         // Let it recover while the producer goes on; restart it if it gave up.
         let recover = Instant::now() + Duration::from_secs(15);
         while Instant::now() < recover {

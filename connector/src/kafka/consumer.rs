@@ -1,9 +1,9 @@
 //! The consumer group: joining (cooperative-sticky, no auto commit),
-//! rebalance events, committing durable watermarks, and the bounded close.
-//! It never decides what is durable; `offsets` does.
+//! rebalance events, sending the commits `offsets` names and telling it
+//! which the broker took, and the bounded close. It never decides what is
+//! durable or what may be committed; `offsets::OffsetBook` does.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{
@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::failpoints;
 use crate::metrics::Metrics;
+use crate::offsets::OffsetBook;
 use crate::types::TopicPartition;
 
 /// What librdkafka's rebalance callbacks tell the run loop.
@@ -27,14 +28,10 @@ pub(crate) enum GroupEvent {
     Revoked(Vec<TopicPartition>),
 }
 
-/// Committable offsets, written by the run loop after each durable ack and
-/// only read by the revoke callback, which commits them before giving the
-/// partitions up.
-pub(crate) type Committable = Arc<Mutex<BTreeMap<TopicPartition, i64>>>;
-
 pub(crate) struct GroupContext {
     events: mpsc::UnboundedSender<GroupEvent>,
-    committable: Committable,
+    /// What the revoke callback may commit, and where confirmed commits go.
+    offsets: OffsetBook,
     log: ClientLog,
     metrics: Arc<Metrics>,
 }
@@ -79,13 +76,19 @@ impl ConsumerContext for GroupContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             let revoked = tp_list(tpl);
-            let commit = self.revoked_marks(&revoked);
+            let commit = self.offsets.to_commit_on_revoke(&revoked);
             // Only `abort` means anything in a callback (chaos runs).
             let _ = failpoints::hit(failpoints::REVOKE_BEFORE_COMMIT);
-            if commit.count() > 0 {
+            if !commit.is_empty() {
                 // This callback runs inside `recv`, on a runtime worker.
-                match blocking(|| consumer.commit(&commit, CommitMode::Sync)) {
-                    Ok(()) => tracing::info!(partitions = commit.count(), "committed on revoke"),
+                match offset_list(&commit)
+                    .and_then(|tpl| blocking(|| consumer.commit(&tpl, CommitMode::Sync)))
+                {
+                    Ok(()) => {
+                        self.offsets.committed(&commit);
+                        self.metrics.committed(&commit);
+                        tracing::info!(partitions = commit.len(), "committed on revoke")
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "commit on revoke failed; the next owner re-reads (idempotent)")
                     }
@@ -106,33 +109,26 @@ impl ConsumerContext for GroupContext {
         }
     }
 
+    /// An async commit's reply: what the broker took becomes committed;
+    /// what it refused stays to commit, and the next commit sends it again.
     fn commit_callback(
         &self,
         result: rdkafka::error::KafkaResult<()>,
-        _offsets: &TopicPartitionList,
+        offsets: &TopicPartitionList,
     ) {
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "offset commit failed; it is retried at the next cadence");
-        }
-    }
-}
-
-impl GroupContext {
-    /// The committable offsets of the partitions being revoked.
-    fn revoked_marks(&self, revoked: &[TopicPartition]) -> TopicPartitionList {
-        // A poisoned lock still holds valid marks: the writer only inserts
-        // and removes whole entries.
-        let marks = self
-            .committable
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut commit = TopicPartitionList::new();
-        for tp in revoked {
-            if let Some(&next) = marks.get(tp) {
-                let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
+        let mut took = Vec::new();
+        for e in offsets.elements() {
+            if let (Offset::Offset(n), Ok(())) = (e.offset(), e.error()) {
+                took.push(((e.topic().to_string(), e.partition()), n));
             }
         }
-        commit
+        if !took.is_empty() {
+            self.offsets.committed(&took);
+            self.metrics.committed(&took);
+        }
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "offset commit failed; it is sent again at the next commit");
+        }
     }
 }
 
@@ -150,18 +146,19 @@ pub(crate) type GroupConsumer = StreamConsumer<GroupContext>;
 /// registers and removes a waker under a mutex every time.
 pub(crate) type GroupStream<'c> = rdkafka::consumer::MessageStream<'c, GroupContext>;
 
-/// Joins the group and subscribes to every mapped topic.
+/// Joins the group and subscribes to every mapped topic; `offsets` is
+/// the session's record the revoke and commit callbacks ask and tell.
 /// With `kafka_stats`, librdkafka reports statistics into `metrics`.
 pub(crate) fn subscribe(
     config: &Config,
-    committable: Committable,
+    offsets: OffsetBook,
     metrics: Arc<Metrics>,
     kafka_stats: bool,
 ) -> Result<(GroupConsumer, mpsc::UnboundedReceiver<GroupEvent>)> {
     let (tx, rx) = mpsc::unbounded_channel();
     let ctx = GroupContext {
         events: tx,
-        committable,
+        offsets,
         log: ClientLog::default(),
         metrics,
     };
@@ -207,8 +204,9 @@ pub(crate) fn release(consumer: &GroupConsumer, tp: &TopicPartition) -> Result<(
     Ok(())
 }
 
-/// Commits `offsets` (next offsets to read). A sync commit waits for the
-/// broker, off the async workers.
+/// Sends a commit of `offsets` (next offsets to read). A sync commit waits
+/// for the broker, off the async workers; an async one's reply reaches the
+/// book through the commit callback.
 pub(crate) fn commit(
     consumer: &GroupConsumer,
     offsets: &[(TopicPartition, i64)],
@@ -217,15 +215,22 @@ pub(crate) fn commit(
     if offsets.is_empty() {
         return Ok(());
     }
-    let mut tpl = TopicPartitionList::new();
-    for ((t, p), n) in offsets {
-        tpl.add_partition_offset(t, *p, Offset::Offset(*n))?;
-    }
+    let tpl = offset_list(offsets)?;
     match mode {
         CommitMode::Sync => blocking(|| consumer.commit(&tpl, mode)),
         CommitMode::Async => consumer.commit(&tpl, mode),
     }
     .map_err(Error::from)
+}
+
+fn offset_list(
+    offsets: &[(TopicPartition, i64)],
+) -> rdkafka::error::KafkaResult<TopicPartitionList> {
+    let mut tpl = TopicPartitionList::new();
+    for ((t, p), n) in offsets {
+        tpl.add_partition_offset(t, *p, Offset::Offset(*n))?;
+    }
+    Ok(tpl)
 }
 
 /// Closes the consumer (leaving the group) off the runtime, bounded: a

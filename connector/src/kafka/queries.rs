@@ -149,10 +149,16 @@ impl OffsetQueries {
         .await
     }
 
-    /// The group's committed offsets of every partition of `topics`, and
-    /// the records between them (or the start) and the end.
-    pub(crate) async fn progress(&self, topics: Vec<String>) -> Result<GroupProgress> {
-        let parts = self.partitions(topics).await?.partitions;
+    /// The group's committed offsets of every partition of `topics` but
+    /// those in `skip` (what this member holds), and the records between
+    /// them (or the start) and the end.
+    pub(crate) async fn progress(
+        &self,
+        topics: Vec<String>,
+        skip: &BTreeSet<TopicPartition>,
+    ) -> Result<GroupProgress> {
+        let mut parts = self.partitions(topics).await?.partitions;
+        parts.retain(|tp| !skip.contains(tp));
         let ends = self.watermarks(parts.clone()).await?;
         let committed = self.committed(parts).await?;
         let lag = ends

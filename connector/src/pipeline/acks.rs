@@ -3,11 +3,10 @@
 //! durability is a future, and the queue yields them in the order the
 //! polls were taken, whatever order they become durable in. So a
 //! partition's watermark only ever moves over records that are all
-//! durable, and a committed offset never skips an undurable one. The
-//! queue keeps those watermarks, and the committable offsets the revoke
-//! callback commits (`kafka::consumer`).
+//! durable, and a committed offset never skips an undurable one. What a
+//! durable poll does to the watermarks is `offsets::OffsetBook`'s.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use futures::future::BoxFuture;
@@ -15,8 +14,7 @@ use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 
 use crate::error::{Error, Result};
-use crate::kafka::consumer::Committable;
-use crate::offsets::{DurableWatermarks, PollAck, TopicPartition};
+use crate::offsets::PollAck;
 
 /// Writes of a poll that failed because another writer claimed their
 /// shard: (table, shard, the fencing). Under partition sharding the shard
@@ -38,23 +36,14 @@ pub(super) struct AckQueue {
     in_flight: FuturesOrdered<AckFuture>,
     /// When each in-flight poll was taken, in poll order.
     taken: VecDeque<Instant>,
-    marks: DurableWatermarks,
-    committable: Committable,
 }
 
 impl AckQueue {
-    pub(super) fn new(committable: Committable) -> AckQueue {
+    pub(super) fn new() -> AckQueue {
         AckQueue {
             in_flight: FuturesOrdered::new(),
             taken: VecDeque::new(),
-            marks: DurableWatermarks::default(),
-            committable,
         }
-    }
-
-    /// What the consumer's revoke callback commits (`kafka::consumer`).
-    pub(super) fn committable(&self) -> Committable {
-        self.committable.clone()
     }
 
     /// Queues a poll taken at `taken` behind every poll before it.
@@ -78,69 +67,14 @@ impl AckQueue {
         let taken = self.taken.pop_front().expect("one taken time per poll");
         Some(resolved.map(|(ack, moved)| Durable { ack, moved, taken }))
     }
-
-    /// Applies a durable poll: the watermarks of its partitions still
-    /// `assigned` advance and become committable (a revoked partition's
-    /// records belong to its next owner). Returns each advanced partition
-    /// with its next offset.
-    pub(super) fn apply(
-        &mut self,
-        mut ack: PollAck,
-        assigned: &BTreeSet<TopicPartition>,
-    ) -> Vec<(TopicPartition, i64)> {
-        ack.high.retain(|tp, _| assigned.contains(tp));
-        self.marks.apply(&ack);
-        let mut shared = self.committable.lock().expect("committable");
-        ack.high
-            .into_keys()
-            .filter_map(|tp| {
-                let n = self.marks.next(&tp)?;
-                shared.insert(tp.clone(), n);
-                Some((tp, n))
-            })
-            .collect()
-    }
-
-    /// Watermarks of `assigned` partitions that moved past their last commit.
-    pub(super) fn uncommitted(
-        &self,
-        assigned: &BTreeSet<TopicPartition>,
-    ) -> Vec<(TopicPartition, i64)> {
-        self.marks
-            .uncommitted()
-            .into_iter()
-            .filter(|(tp, _)| assigned.contains(tp))
-            .collect()
-    }
-
-    pub(super) fn committed(&mut self, done: &[(TopicPartition, i64)]) {
-        self.marks.mark_committed(done);
-    }
-
-    /// The offset a commit of `tp` may name (one past its last durable record).
-    pub(super) fn watermark(&self, tp: &TopicPartition) -> Option<i64> {
-        self.marks.next(tp)
-    }
-
-    /// Every partition's watermark (the summary of a run).
-    pub(super) fn watermarks(&self) -> Vec<(TopicPartition, i64)> {
-        self.marks.all()
-    }
-
-    /// Forgets revoked partitions: their watermarks, and what the revoke
-    /// callback could commit of them.
-    pub(super) fn forget(&mut self, tps: &[TopicPartition]) {
-        let mut shared = self.committable.lock().expect("committable");
-        for tp in tps {
-            self.marks.forget(tp);
-            shared.remove(tp);
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
+    use crate::offsets::OffsetBook;
     use futures::FutureExt;
     use tokio::sync::oneshot;
 
@@ -168,8 +102,8 @@ mod tests {
 
     #[tokio::test]
     async fn acks_resolve_in_poll_order_whatever_order_they_become_durable_in() {
-        let committable = Committable::default();
-        let mut q = AckQueue::new(committable.clone());
+        let book = OffsetBook::default();
+        let mut q = AckQueue::new();
         let assigned: BTreeSet<_> = [("t".to_string(), 0)].into();
         let first = pending(&mut q, poll(&[("t", 0, 0), ("t", 0, 1)]));
         let second = pending(&mut q, poll(&[("t", 0, 2)]));
@@ -180,12 +114,12 @@ mod tests {
             q.next().now_or_never().is_none(),
             "the first is not durable"
         );
-        assert!(committable.lock().unwrap().is_empty());
+        assert!(book.to_commit(&assigned).is_empty());
         first.send(()).unwrap();
         let mut seen = Vec::new();
         while let Some(d) = q.next().await {
             let d = d.unwrap();
-            seen.push(q.apply(d.ack, &assigned));
+            seen.push(book.durable(d.ack, &assigned));
         }
         let tp = ("t".to_string(), 0);
         assert_eq!(
@@ -196,32 +130,38 @@ mod tests {
                 vec![(tp.clone(), 4)]
             ]
         );
-        assert_eq!(committable.lock().unwrap()[&tp], 4);
-        assert_eq!(q.uncommitted(&assigned), vec![(tp.clone(), 4)]);
-        q.committed(&[(tp.clone(), 4)]);
-        assert!(q.uncommitted(&assigned).is_empty());
+        assert_eq!(
+            book.to_commit_on_revoke(std::slice::from_ref(&tp)),
+            vec![(tp.clone(), 4)]
+        );
+        assert_eq!(book.to_commit(&assigned), vec![(tp.clone(), 4)]);
+        book.committed(&[(tp.clone(), 4)]);
+        assert!(book.to_commit(&assigned).is_empty());
         assert!(q.is_empty());
     }
 
     #[tokio::test]
     async fn a_revoked_partition_takes_no_ack_and_a_failure_stays_in_its_place() {
-        let committable = Committable::default();
-        let mut q = AckQueue::new(committable.clone());
+        let book = OffsetBook::default();
+        let mut q = AckQueue::new();
         let assigned: BTreeSet<_> = [("t".to_string(), 1)].into();
         let a = pending(&mut q, poll(&[("t", 0, 5), ("t", 1, 9)]));
         let b = pending(&mut q, poll(&[("t", 1, 10)]));
         drop(b); // this poll's durability fails
         a.send(()).unwrap();
         let d = q.next().await.unwrap().unwrap();
-        assert_eq!(q.apply(d.ack, &assigned), vec![(("t".to_string(), 1), 10)]);
         assert_eq!(
-            q.watermark(&("t".to_string(), 0)),
+            book.durable(d.ack, &assigned),
+            vec![(("t".to_string(), 1), 10)]
+        );
+        assert_eq!(
+            book.watermark(&("t".to_string(), 0)),
             None,
             "revoked: not applied"
         );
         assert!(q.next().await.unwrap().is_err());
-        q.forget(&[("t".to_string(), 1)]);
-        assert!(committable.lock().unwrap().is_empty());
-        assert!(q.watermarks().is_empty());
+        book.forget(&[("t".to_string(), 1)]);
+        assert!(book.to_commit_on_revoke(&[("t".to_string(), 1)]).is_empty());
+        assert!(book.watermarks().is_empty());
     }
 }

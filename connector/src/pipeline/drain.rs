@@ -51,14 +51,17 @@ impl RunLoop<'_> {
         if let Err(e) = self.serve_final_fold(&mut fold).await {
             return Err(stop_after_failure(kafka, fold, e).await);
         }
-        self.summary.committed = self.acks.watermarks().into_iter().collect();
+        let summary = RunSummary {
+            records: self.taken,
+            committed: self.offsets.watermarks().into_iter().collect(),
+        };
         if let Err(e) = failpoints::hit(failpoints::DRAIN_BEFORE_CLOSE) {
             return Err(stop_after_failure(kafka, fold, e).await);
         }
         // Leave the group before closing writers so partitions move on promptly.
         consumer::close(kafka).await;
         self.pool.close().await?;
-        Ok(self.summary)
+        Ok(summary)
     }
 
     /// Applies every in-flight ack in order, up to the first failure;

@@ -1,29 +1,44 @@
-//! `--exit-at-end`: when a run that was asked to stop at the end of its
-//! input has reached it. Holding partitions, that is every one durable and
-//! committed up to the end offsets seen after the assignment; holding
-//! none, that nothing is left the group could give this member.
+//! `--exit-at-end`: when a run asked to stop at the end of its input has
+//! reached it. One rule for every member and every sharding: every
+//! partition of every mapped topic has reached the end offset read when
+//! the session started, either durable here (this run's drain commits it)
+//! or committed by the group, and the graph holds what is durable. A
+//! partition another member holds is waited for and named every 30 s; the
+//! stall watch (`stall.rs`) decides when such a wait has gone on too long.
+//! What this member holds being done is never enough (issue 49: a member
+//! the coordinator still counted, gone without leaving, held half the
+//! partitions, and a fresh run exited 0 with them unread).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::run_loop::RunLoop;
-use crate::config::Sharding;
-use crate::error::Result;
+use crate::config::{Config, Sharding};
+use crate::graph::Graph;
 use crate::kafka::consumer;
-use crate::offsets::TopicPartition;
+use crate::kafka::OffsetQueries;
+use crate::offsets::{OffsetBook, TopicPartition};
 use crate::shards;
+
+/// How often the end rule asks the broker for the group's committed offsets.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+/// How often a wait is said again.
+const SAY_EVERY: Duration = Duration::from_secs(30);
 
 /// What the end rule remembers between its looks.
 pub(super) struct EndWatch {
-    /// End offsets to reach (taken once per assignment).
+    /// The end offset of every mapped partition, read at the session's
+    /// first look and never again: a live producer must not move the end.
     targets: Option<BTreeMap<TopicPartition, i64>>,
     /// When the last poll arrived (the end must be quiet too).
     last_poll: Instant,
-    /// When `at_end_unassigned` last asked the broker.
-    unassigned_probe: Option<Instant>,
-    /// When `at_end_unassigned` last said why it waits.
+    /// When the group's committed offsets were last read.
+    looked: Option<Instant>,
+    /// Partitions held elsewhere that this member waits for, with the
+    /// group's committed offset of each (empty: it waits for none).
+    elsewhere: BTreeMap<TopicPartition, Option<i64>>,
+    /// When a wait was last said.
     waiting_said: Option<Instant>,
 }
 
@@ -32,10 +47,26 @@ impl Default for EndWatch {
         EndWatch {
             targets: None,
             last_poll: Instant::now(),
-            unassigned_probe: None,
+            looked: None,
+            elsewhere: BTreeMap::new(),
             waiting_said: None,
         }
     }
+}
+
+/// What the end rule looks at, lent by the run loop for one look.
+pub(super) struct Look<'a> {
+    pub(super) config: &'a Config,
+    pub(super) assigned: &'a BTreeSet<TopicPartition>,
+    pub(super) offsets: &'a OffsetBook,
+    pub(super) queries: &'a OffsetQueries,
+    /// How long this member has held nothing (`None`: it holds some).
+    pub(super) held_nothing_for: Option<Duration>,
+    /// The stall bound: a member holding nothing waits that long first.
+    pub(super) stall_bound: Duration,
+    /// Whether this member's drain folds everything durable.
+    pub(super) folds: bool,
+    pub(super) graph: &'a Graph,
 }
 
 impl EndWatch {
@@ -43,142 +74,203 @@ impl EndWatch {
         self.last_poll = Instant::now();
     }
 
-    /// A rebalance: the end offsets are taken again.
-    pub(super) fn forget_targets(&mut self) {
-        self.targets = None;
+    /// The partitions held elsewhere that the end waits for, once this
+    /// member's own are done (the stall watch judges their progress).
+    pub(super) fn waits_elsewhere(&self) -> Option<Vec<TopicPartition>> {
+        (!self.elsewhere.is_empty()).then(|| self.elsewhere.keys().cloned().collect())
     }
 }
 
-impl RunLoop<'_> {
-    pub(super) async fn at_end(&mut self) -> Result<bool> {
-        if self.assigned.is_empty() && self.acks.is_empty() {
-            return self.at_end_unassigned().await;
+impl EndWatch {
+    /// Whether the run is at its end. Errors of a look (a broker that does
+    /// not answer) are said and waited out, never fatal.
+    pub(super) async fn at_end(&mut self, look: Look<'_>) -> bool {
+        let now = Instant::now();
+        let holding = !look.assigned.is_empty();
+        if holding && self.last_poll.elapsed() < look.config.offsets.exit_at_end_quiet {
+            // Quiet too, if asked: a broker whose high watermark reads low
+            // while producers batch (tansu 0.6).
+            return false;
         }
-        // Quiet too, if asked: some brokers (tansu 0.6) report a high
-        // watermark below the true end when producers batch.
-        if self.assigned.is_empty()
-            || !self.acks.is_empty()
-            || self.end.last_poll.elapsed() < self.config.offsets.exit_at_end_quiet
-        {
-            return Ok(false);
+        // A member that holds nothing may not have been assigned yet: it
+        // gives the group a stall bound first (docs/decisions/0002).
+        if look.held_nothing_for.is_some_and(|w| w < look.stall_bound) {
+            return false;
         }
-        if self.end.targets.is_none() {
-            self.end.targets = Some(self.end_targets().await?);
+        if self.looked.is_some_and(|t| now - t < LOOK_EVERY) {
+            return false;
         }
-        let targets = self.end.targets.as_ref().expect("set above");
+        self.looked = Some(now);
+        if let Some(why) = self.short_of_end(&look).await {
+            self.say_waiting(why, holding);
+            return false;
+        }
+        if let Some(why) = graph_waits_for(&look).await {
+            self.say_waiting(why, holding);
+            return false;
+        }
+        true
+    }
+
+    /// Why some mapped partition has not reached its end, if one has not:
+    /// neither durable here nor committed by the group up to its target.
+    async fn short_of_end(&mut self, look: &Look<'_>) -> Option<String> {
+        if self.targets.is_none() {
+            match end_targets(look).await {
+                Ok(t) => self.targets = Some(t),
+                Err(e) => return Some(format!("cannot read the end offsets: {e}")),
+            }
+        }
+        let targets = self.targets.as_ref().expect("set above");
+        // Durable here reaches the end: the drain commits it.
         let short: Vec<TopicPartition> = targets
             .iter()
-            .filter(|(tp, end)| self.acks.watermark(tp).is_none_or(|n| n < **end))
+            .filter(|(tp, end)| {
+                !look.assigned.contains(*tp) || look.offsets.watermark(tp).is_none_or(|n| n < **end)
+            })
             .map(|(tp, _)| tp.clone())
             .collect();
+        self.elsewhere.clear();
         if short.is_empty() {
-            return Ok(true);
-        }
-        // A partition this run has nothing newer of may be committed to its
-        // end already, by a run whose commit landed after the targets were
-        // taken: its records are durable (commits follow durability), and
-        // none will come to this run. Without this look, `--exit-at-end`
-        // waited for them forever (seen on local and S3 roots after a
-        // crash, docs/retention.md).
-        let committed = self.queries.committed(short.clone()).await?;
-        Ok(short
-            .iter()
-            .all(|tp| committed.get(tp).is_some_and(|&c| c >= targets[tp])))
-    }
-
-    /// The end offset of each assigned partition not yet committed to it.
-    /// (`&mut self`, as every async method here: the run loop is not
-    /// `Sync`, so a `&RunLoop` held across an await would make the run's
-    /// future not `Send`.)
-    async fn end_targets(&mut self) -> Result<BTreeMap<TopicPartition, i64>> {
-        let parts: Vec<TopicPartition> = self.assigned.iter().cloned().collect();
-        let ends = self.queries.watermarks(parts.clone()).await?;
-        let committed = self.queries.committed(parts).await?;
-        // Partitions already committed to their end need nothing from us.
-        Ok(ends
-            .into_iter()
-            .filter(|(tp, w)| committed.get(tp).copied().unwrap_or(0) < w.high)
-            .map(|(tp, w)| (tp, w.high))
-            .collect())
-    }
-
-    /// A member holding nothing is at the end once it has held nothing for
-    /// the stall bound and the group has committed every mapped partition
-    /// to its end: nothing is left that it could be given. Under partition
-    /// sharding it also needs the graph to hold everything durable: it
-    /// claims no shard and does not fold, so a WAL left by a crashed member
-    /// (or a live member's, not yet folded) would be left behind; until
-    /// then it waits for the folding member, or for a rebalance that makes
-    /// it the folder, and says so every 30 s. tansu 0.6 could leave a lone
-    /// member in a stable group with no assignment; with no lag the stall
-    /// watch rightly does nothing, and `--exit-at-end` used to wait forever
-    /// and silently (docs/retention.md, docs/kafka.md). Looks once a second
-    /// at most.
-    async fn at_end_unassigned(&mut self) -> Result<bool> {
-        let now = Instant::now();
-        let waited = self.stall.unassigned_for(now).unwrap_or_default();
-        let probed = self
-            .end
-            .unassigned_probe
-            .is_some_and(|t| now - t < Duration::from_secs(1));
-        if waited < self.stall.bound() || probed {
-            return Ok(false);
-        }
-        self.end.unassigned_probe = Some(now);
-        if let Some(why) = self.nothing_left_waits_for().await {
-            self.say_waiting(why);
-            return Ok(false);
-        }
-        tracing::info!(held_nothing_for = ?waited, "holding no partition, and the group has committed every mapped partition to its end");
-        Ok(true)
-    }
-
-    /// What a member holding nothing still waits for, if anything: lag on
-    /// the mapped topics, or (partition sharding) what the graph has not
-    /// folded.
-    async fn nothing_left_waits_for(&mut self) -> Option<String> {
-        let topics = consumer::mapped_topics(self.config)
-            .into_iter()
-            .map(String::from)
-            .collect();
-        match self.queries.progress(topics).await {
-            Ok(seen) if seen.lag > 0 => {
-                return Some(format!(
-                    "the group's lag on the mapped topics is {}; waiting for an assignment or for the members holding them",
-                    seen.lag
-                ));
-            }
-            Ok(_) => {}
-            Err(e) => return Some(format!("cannot read the group's progress: {e}")),
-        }
-        if self.config.wal.sharding != Sharding::Partition {
             return None;
         }
-        match shards::unfolded(self.pool.graph()).await {
-            Ok(u) if u.is_empty() => None,
-            Ok(u) => Some(format!(
-                "the group has committed every mapped partition to its end, but the graph has not folded {} flushed generations and the WAL of {} shards; waiting for the member holding the fold partition, or for a rebalance that gives it to this one",
-                u.generations, u.wal_shards
-            )),
-            Err(e) => Some(format!("cannot read what the graph has not folded: {e}")),
+        // A partition this run has nothing newer of may be committed to
+        // its end already, by this run's earlier commits or another member.
+        let committed = match look.queries.committed(short.clone()).await {
+            Ok(c) => c,
+            Err(e) => return Some(format!("cannot read the group's committed offsets: {e}")),
+        };
+        let left: Vec<TopicPartition> = short
+            .into_iter()
+            .filter(|tp| committed.get(tp).is_none_or(|&c| c < targets[tp]))
+            .collect();
+        if left.is_empty() {
+            return None;
         }
+        let (mine, elsewhere): (Vec<_>, Vec<_>) =
+            left.into_iter().partition(|tp| look.assigned.contains(tp));
+        if !mine.is_empty() {
+            // Still reading its own: nothing to say, nothing to judge yet.
+            return Some(String::new());
+        }
+        self.elsewhere = elsewhere
+            .iter()
+            .map(|tp| (tp.clone(), committed.get(tp).copied()))
+            .collect();
+        Some(waiting_for(&self.elsewhere, targets))
     }
 
-    /// `--exit-at-end` while holding nothing: why it does not end yet, once
-    /// and then every 30 s, so it never waits without saying so.
-    fn say_waiting(&mut self, why: String) {
+    /// Why the run does not end yet: once, then every 30 s, so it never
+    /// waits without saying so. Empty: nothing worth saying (it is reading).
+    fn say_waiting(&mut self, why: String, holding: bool) {
         let now = Instant::now();
-        if self
-            .end
-            .waiting_said
-            .is_some_and(|t| now - t < Duration::from_secs(30))
-        {
+        if why.is_empty() || self.waiting_said.is_some_and(|t| now - t < SAY_EVERY) {
             return;
         }
-        self.end.waiting_said = Some(now);
-        tracing::info!(
-            event = "exit_at_end_waiting",
-            "exit-at-end: holding no partition; {why}"
+        self.waiting_said = Some(now);
+        let holding = if holding {
+            ""
+        } else {
+            "holding no partition; "
+        };
+        tracing::info!(event = "exit_at_end_waiting", "exit-at-end: {holding}{why}");
+    }
+}
+
+/// The end offset of every partition of every mapped topic. A mapped
+/// topic the broker does not know has nothing to wait for.
+async fn end_targets(look: &Look<'_>) -> crate::error::Result<BTreeMap<TopicPartition, i64>> {
+    let topics = consumer::mapped_topics(look.config)
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let parts = look.queries.partitions(topics).await?.partitions;
+    let ends = look.queries.watermarks(parts).await?;
+    let targets: BTreeMap<TopicPartition, i64> =
+        ends.into_iter().map(|(tp, w)| (tp, w.high)).collect();
+    tracing::info!(
+        partitions = targets.len(),
+        records_to = targets.values().sum::<i64>(),
+        "exit-at-end: ends when every mapped partition reaches the end offset read now"
+    );
+    Ok(targets)
+}
+
+/// What the graph has not folded that this member's drain will not fold,
+/// if anything. A member that folds (every member under bucket sharding;
+/// the holder of the fold partition under partition sharding) folds
+/// everything durable in its drain; any other member waits for the
+/// folder, or for a rebalance that makes it the folder.
+async fn graph_waits_for(look: &Look<'_>) -> Option<String> {
+    if look.config.wal.sharding != Sharding::Partition || look.folds {
+        return None;
+    }
+    match shards::unfolded(look.graph).await {
+        Ok(u) if u.is_empty() => None,
+        Ok(u) => Some(format!(
+            "the group has committed every mapped partition to its end, but the graph has not folded {} flushed generations and the WAL of {} shards; waiting for the member holding the fold partition, or for a rebalance that gives it to this one",
+            u.generations, u.wal_shards
+        )),
+        Err(e) => Some(format!("cannot read what the graph has not folded: {e}")),
+    }
+}
+
+/// `waiting for t/1, /3: assigned to another member, committed 0 of 25002`:
+/// partitions of one topic after the first are written `/p`; the offsets
+/// are summed over the partitions named.
+fn waiting_for(
+    elsewhere: &BTreeMap<TopicPartition, Option<i64>>,
+    targets: &BTreeMap<TopicPartition, i64>,
+) -> String {
+    let mut names = Vec::new();
+    let mut last_topic: Option<&str> = None;
+    for (t, p) in elsewhere.keys() {
+        if last_topic == Some(t.as_str()) {
+            names.push(format!("/{p}"));
+        } else {
+            names.push(format!("{t}/{p}"));
+            last_topic = Some(t);
+        }
+    }
+    let committed: i64 = elsewhere.values().map(|c| c.unwrap_or(0)).sum();
+    let end: i64 = elsewhere.keys().map(|tp| targets[tp]).sum();
+    format!(
+        "waiting for {}: assigned to another member, committed {committed} of {end}",
+        names.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(t: &str, p: i32) -> TopicPartition {
+        (t.to_string(), p)
+    }
+
+    #[test]
+    fn a_wait_names_each_partition_once_and_sums_their_offsets() {
+        let targets: BTreeMap<_, _> = [
+            (tp("freeze_items", 0), 25_000),
+            (tp("freeze_items", 1), 25_002),
+            (tp("freeze_items", 3), 24_998),
+            (tp("other", 2), 10),
+        ]
+        .into();
+        let one: BTreeMap<_, _> = [(tp("freeze_items", 1), None)].into();
+        assert_eq!(
+            waiting_for(&one, &targets),
+            "waiting for freeze_items/1: assigned to another member, committed 0 of 25002"
+        );
+        let some: BTreeMap<_, _> = [
+            (tp("freeze_items", 1), Some(2)),
+            (tp("freeze_items", 3), None),
+            (tp("other", 2), Some(4)),
+        ]
+        .into();
+        assert_eq!(
+            waiting_for(&some, &targets),
+            "waiting for freeze_items/1, /3, other/2: assigned to another member, committed 6 of 50010"
         );
     }
 }

@@ -14,7 +14,6 @@ impl RunLoop<'_> {
             GroupEvent::Assigned(tps) => self.on_assigned(tps).await?,
             GroupEvent::Revoked(tps) => self.on_revoked(tps),
         }
-        self.end.forget_targets();
         self.stall
             .holds(!self.assigned.is_empty(), tokio::time::Instant::now());
         if let Some(role) = &self.role {
@@ -49,7 +48,7 @@ impl RunLoop<'_> {
             self.pool.release(&shards);
         }
         self.schemas.forget(&tps, &self.metrics);
-        self.acks.forget(&tps);
+        self.offsets.forget(&tps);
         for tp in &tps {
             self.assigned.remove(tp);
         }

@@ -25,6 +25,7 @@
 
 mod acks;
 mod breaker;
+mod cut;
 mod drain;
 mod end;
 pub(crate) mod from_registry;
@@ -188,10 +189,10 @@ async fn session(
     }
     // From here on, every exit closes the consumer through `consumer::close`.
     let (kafka, events) =
-        consumer::subscribe(config, run.acks.committable(), metrics.clone(), kafka_stats)?;
+        consumer::subscribe(config, run.offsets.clone(), metrics.clone(), kafka_stats)?;
     let mut fold = fold_loop.spawn();
     if let Err(e) = run.serve(&kafka, events, &mut fold).await {
-        total.records += run.records();
+        total.records += run.taken;
         let e = drain::stop_after_failure(kafka, fold, e).await;
         return Err(watch.or_schema_moved(e).await);
     }

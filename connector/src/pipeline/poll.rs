@@ -43,15 +43,13 @@ impl RunLoop<'_> {
         // Records whose schema is not known yet hold their partitions.
         let msgs = self.schemas.ready(kafka, &self.decoders, msgs)?;
         let take = taken.elapsed();
-        self.since_cut.oldest_taken.get_or_insert(taken);
         let (by_topic, seen, value_bytes) = sort(&msgs, &self.metrics);
-        self.since_cut.bytes += value_bytes;
         // Decode every topic before writing anything, so a poll that must
         // stop (errors.tolerance = "none") writes nothing.
         let decode_started = Instant::now();
         let (decoded, rejects) = self.decode(by_topic)?;
         let put_started = Instant::now();
-        seen.add_to(&mut self.since_cut.spans);
+        self.since_cut.took(taken, value_bytes, &seen);
         let ack = seen.ack();
         let mut writes = self.put(decoded).await?;
         let mut reject = Duration::ZERO;
@@ -60,7 +58,7 @@ impl RunLoop<'_> {
             writes.extend(self.write_rejects(&rejects).await?);
             reject = t.elapsed();
         }
-        self.summary.records += msgs.len() as u64;
+        self.taken += msgs.len() as u64;
         self.metrics.poll_done(&PollReport {
             records: msgs.len() as u64,
             rejected: rejects.len() as u64,
@@ -70,10 +68,7 @@ impl RunLoop<'_> {
             reject,
             total: taken.elapsed(),
         });
-        let fold = &self.config.fold;
-        if self.since_cut.rows >= fold.max_pending_rows
-            || self.since_cut.bytes >= fold.max_pending_bytes
-        {
+        if self.since_cut.full(&self.config.fold) {
             self.wake.notify_one();
         }
         Ok(self.durability(rejects, writes, ack))
@@ -108,11 +103,11 @@ impl RunLoop<'_> {
         for (table, d) in decoded {
             let shards = &self.pool.tables[&table];
             if let Some(rows) = d.upserts {
-                self.since_cut.rows += rows.num_rows() as u64;
+                self.since_cut.wrote(rows.num_rows() as u64);
                 writes.extend(shards.put(rows).await?);
             }
             if let Some(keys) = d.deletes {
-                self.since_cut.rows += keys.num_rows() as u64;
+                self.since_cut.wrote(keys.num_rows() as u64);
                 writes.extend(shards.delete(keys).await?);
             }
         }
@@ -121,7 +116,7 @@ impl RunLoop<'_> {
 
     /// Puts a poll's rejects into the rejects WAL.
     async fn write_rejects(&mut self, rejects: &[Reject]) -> Result<Vec<PendingWrite>> {
-        self.since_cut.rows += rejects.len() as u64;
+        self.since_cut.wrote(rejects.len() as u64);
         for r in rejects {
             tracing::debug!(reject_id = %r.reject_id, code = r.code.as_str(), message = %r.message, "rejected");
             self.metrics.rejected(r.stage.as_str(), r.code.as_str());

@@ -55,10 +55,15 @@ impl FoldRole {
         self.tx.subscribe()
     }
 
+    /// Whether holding `assigned` makes this member the folder.
+    pub(super) fn folds(&self, assigned: &BTreeSet<TopicPartition>) -> bool {
+        assigned.contains(&self.fold_partition)
+    }
+
     /// Tells the fold task its duty while this member holds `assigned`.
     pub(super) fn holds(&self, assigned: &BTreeSet<TopicPartition>) {
         let duty = Duty {
-            folds: assigned.contains(&self.fold_partition),
+            folds: self.folds(assigned),
             alone: assigned.len() >= self.partitions,
         };
         self.tx

@@ -14,66 +14,68 @@ use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckQueue, Durable};
 use super::breaker::Breaker;
-use super::end::EndWatch;
+use super::cut::SinceCut;
+use super::end::{EndWatch, Look};
 use super::open::{Decoding, Writers};
 use super::role::FoldRole;
 use super::schemas::SchemaHolds;
-use super::{RunOptions, RunSummary};
+use super::RunOptions;
 use crate::config::Config;
 use crate::decode::RecordDecoder;
 use crate::error::Result;
 use crate::failpoints;
-use crate::fold::{CutRequest, FoldTask, FreezeCut, FromFold};
-use crate::kafka::consumer::{self, Committable, GroupConsumer, GroupEvent};
+use crate::fold::{CutRequest, FoldTask, FromFold};
+use crate::kafka::consumer::{self, GroupConsumer, GroupEvent};
 use crate::kafka::stall::{self, StallWatch};
 use crate::kafka::{DeadLetters, OffsetQueries};
 use crate::metrics::Metrics;
-use crate::offsets::{TopicPartition, WrittenSpans};
+use crate::offsets::{OffsetBook, TopicPartition};
 use crate::shards::ShardPool;
 
+/// The run loop's state, one part per concern. Each part is a type of the
+/// file that owns it, changed through its methods (`SinceCut` in `cut.rs`,
+/// `EndWatch` in `end.rs`, the ack queue in `acks.rs`, the offsets in
+/// `crate::offsets`), or a field written by one file only: `assigned` by
+/// `group.rs`, `taken` by `poll.rs`, the stall watches by `stall.rs`.
 pub(super) struct RunLoop<'a> {
+    /// What the session was started with; never changed.
     pub(super) config: &'a Config,
     pub(super) exit_at_end: bool,
     pub(super) metrics: Arc<Metrics>,
     pub(super) shutdown: CancellationToken,
-    /// Taking and decoding: a decoder per topic, the partitions held for a
-    /// schema, the reject-rate breaker.
+    /// Folds early once `since_cut` is full.
+    pub(super) wake: Arc<Notify>,
+    pub(super) queries: OffsetQueries,
+    /// Taking and decoding (`poll.rs`): a decoder per topic, the
+    /// partitions held for a schema, the reject-rate breaker, and the
+    /// records taken so far.
     pub(super) decoders: HashMap<String, RecordDecoder>,
     pub(super) schemas: SchemaHolds,
     pub(super) breaker: Breaker,
-    /// Writing and acking.
+    pub(super) taken: u64,
+    /// Writing: the shard writers and the dead-letter producer.
     pub(super) pool: ShardPool,
     pub(super) dead_letters: DeadLetters,
+    /// Polls in flight, and the offsets they make durable.
     pub(super) acks: AckQueue,
+    pub(super) offsets: OffsetBook,
+    /// The group (`group.rs`): what this member holds, and under
+    /// partition sharding which tables each topic feeds and who folds.
     pub(super) assigned: BTreeSet<TopicPartition>,
-    /// Under partition sharding: which tables each topic feeds, and
-    /// whether this member folds.
     pub(super) role: Option<FoldRole>,
     /// What the next freeze cut hands the fold task.
     pub(super) since_cut: SinceCut,
-    /// Folds early once `since_cut` passes `fold.max_pending_*`.
-    pub(super) wake: Arc<Notify>,
-    /// The loop's two watches (`end.rs`, `stall.rs`) and the offset
-    /// queries they ask.
-    pub(super) queries: OffsetQueries,
+    /// The loop's watches: the end (`--exit-at-end`), and the stall
+    /// watches (`stall.rs`) while holding nothing or while the end waits
+    /// for partitions held elsewhere.
     pub(super) end: EndWatch,
     pub(super) stall: StallWatch,
-    pub(super) summary: RunSummary,
-}
-
-/// What was written since the last freeze cut.
-#[derive(Default)]
-pub(super) struct SinceCut {
-    pub(super) spans: WrittenSpans,
-    /// When the oldest record since the cut was taken (graph-visible latency).
-    pub(super) oldest_taken: Option<Instant>,
-    pub(super) rows: u64,
-    pub(super) bytes: u64,
+    pub(super) end_stall: Option<StallWatch>,
 }
 
 impl<'a> RunLoop<'a> {
     /// The run loop over `writers`; the consumer is not subscribed yet
-    /// (`committable` is what its revoke callback will commit).
+    /// (`offsets` is what its callbacks will ask and tell).
     pub(super) fn new(
         config: &'a Config,
         options: &RunOptions,
@@ -91,21 +93,23 @@ impl<'a> RunLoop<'a> {
             exit_at_end: options.exit_at_end,
             metrics: metrics.clone(),
             shutdown: shutdown.clone(),
-            decoders: decoding.decoders,
-            schemas: SchemaHolds::new(decoding.registry, config),
-            breaker: Breaker::default(),
-            pool: writers.pool,
-            dead_letters,
-            acks: AckQueue::new(Committable::default()),
-            assigned: BTreeSet::new(),
-            role: writers.role,
-            since_cut: SinceCut::default(),
             wake: options.fold_now.clone().unwrap_or_default(),
             // End offsets (exit_at_end) and the group's progress (the stall watch).
             queries: OffsetQueries::connect(config)?,
+            decoders: decoding.decoders,
+            schemas: SchemaHolds::new(decoding.registry, config),
+            breaker: Breaker::default(),
+            taken: 0,
+            pool: writers.pool,
+            dead_letters,
+            acks: AckQueue::new(),
+            offsets: OffsetBook::default(),
+            assigned: BTreeSet::new(),
+            role: writers.role,
+            since_cut: SinceCut::default(),
             end: EndWatch::default(),
             stall: StallWatch::new(stall_bound, tokio::time::Instant::now()),
-            summary: RunSummary::default(),
+            end_stall: None,
         })
     }
 
@@ -176,10 +180,15 @@ impl<'a> RunLoop<'a> {
                     self.commit(kafka, CommitMode::Async)?;
                     sample_writers(&self.pool, &self.metrics).await;
                 }
-                _ = stall_check.tick(), if self.assigned.is_empty() => self.watch_stall(kafka).await?,
+                _ = stall_check.tick(), if self.assigned.is_empty() || self.end.waits_elsewhere().is_some() => {
+                    self.watch_stall(kafka).await?
+                }
                 _ = end_check.tick(), if self.exit_at_end => {
-                    if self.at_end().await? {
-                        tracing::info!("all assigned partitions are durable up to their end offsets");
+                    if self.at_end().await {
+                        tracing::info!(
+                            event = "exit_at_end",
+                            "every mapped partition is durable here or committed by the group up to its end offset, and the graph holds what is durable"
+                        );
                         return Ok(());
                     }
                 }
@@ -194,24 +203,27 @@ impl<'a> RunLoop<'a> {
         self.metrics
             .acked(durable.taken.elapsed(), durable.ack.records);
         self.metrics.polls_in_flight(self.acks.len());
-        for (tp, next) in self.acks.apply(durable.ack, &self.assigned) {
+        for (tp, next) in self.offsets.durable(durable.ack, &self.assigned) {
             self.metrics.durable(&tp, next);
         }
         Ok(())
     }
 
     /// Commits every durable watermark of the assigned partitions that
-    /// moved past its last commit.
+    /// moved past what the broker confirmed. A sync commit is confirmed
+    /// here; an async one by the consumer's commit callback.
     pub(super) fn commit(&mut self, kafka: &GroupConsumer, mode: CommitMode) -> Result<()> {
-        let todo = self.acks.uncommitted(&self.assigned);
+        let todo = self.offsets.to_commit(&self.assigned);
         if todo.is_empty() {
             return Ok(());
         }
         failpoints::hit(failpoints::COMMIT_BEFORE)?;
         match consumer::commit(kafka, &todo, mode) {
             Ok(()) => {
-                self.acks.committed(&todo);
-                self.metrics.committed(&todo);
+                if matches!(mode, CommitMode::Sync) {
+                    self.offsets.committed(&todo);
+                    self.metrics.committed(&todo);
+                }
                 failpoints::hit(failpoints::COMMIT_AFTER)
             }
             Err(e) if matches!(mode, CommitMode::Async) => {
@@ -223,27 +235,30 @@ impl<'a> RunLoop<'a> {
     }
 
     /// Freezes every memtable between polls and hands the cut to the fold.
-    /// A cut that fails keeps its offsets (the fold task fails with it).
+    /// A freeze that fails keeps what was written since the last cut (the
+    /// fold task fails with it).
     pub(super) async fn cut(&mut self, req: CutRequest) {
-        let since = std::mem::take(&mut self.since_cut);
         let result = match self.pool.freeze_all().await {
-            Ok(frozen) => Ok(FreezeCut {
-                frozen,
-                spans: since.spans,
-                oldest_taken: since.oldest_taken,
-            }),
-            Err(e) => {
-                self.since_cut.spans = since.spans;
-                self.since_cut.oldest_taken = since.oldest_taken;
-                Err(e)
-            }
+            Ok(frozen) => Ok(self.since_cut.cut(frozen)),
+            Err(e) => Err(e),
         };
         let _ = req.send(result);
     }
 
-    /// Records taken by this session so far.
-    pub(super) fn records(&self) -> u64 {
-        self.summary.records
+    /// `--exit-at-end`: one look of the end watch (`end.rs`).
+    async fn at_end(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        let look = Look {
+            config: self.config,
+            assigned: &self.assigned,
+            offsets: &self.offsets,
+            queries: &self.queries,
+            held_nothing_for: self.stall.unassigned_for(now),
+            stall_bound: self.stall.bound(),
+            folds: self.role.as_ref().is_none_or(|r| r.folds(&self.assigned)),
+            graph: self.pool.graph(),
+        };
+        self.end.at_end(look).await
     }
 }
 

@@ -1,24 +1,39 @@
-//! The stall watch in the run loop: while holding no partition, once a
-//! bound has passed, it looks at the group's progress on the mapped
-//! topics; it rejoins on a first stall and fails the run on a second. The
-//! decision is `kafka::stall`'s (docs/decisions/0002-group-liveness.md).
+//! The stall watch in the run loop: while this member waits on partitions
+//! it does not hold (it holds none, or `--exit-at-end` has done its own and
+//! waits for another member's), once a bound has passed it looks at the
+//! group's progress on those partitions; it rejoins on a first stall and
+//! fails the run on a second. The decision is `kafka::stall`'s
+//! (docs/decisions/0002-group-liveness.md).
+
+use std::collections::BTreeSet;
 
 use super::run_loop::RunLoop;
 use crate::error::{Error, Result};
 use crate::kafka::consumer::{self, GroupConsumer};
-use crate::kafka::stall::Verdict;
+use crate::kafka::stall::{StallWatch, Verdict};
 
 impl RunLoop<'_> {
     pub(super) async fn watch_stall(&mut self, kafka: &GroupConsumer) -> Result<()> {
         let now = tokio::time::Instant::now();
-        if !self.stall.due(now) {
+        let holding = !self.assigned.is_empty();
+        let bound = self.stall.bound();
+        let watch = if holding {
+            // Created at the first wait and kept for the session: a rejoin
+            // that gives this member the same partitions must not reset it.
+            self.end_stall
+                .get_or_insert_with(|| StallWatch::new(bound, now))
+        } else {
+            &mut self.stall
+        };
+        if !watch.due(now) {
             return Ok(());
         }
         let topics = consumer::mapped_topics(self.config)
             .into_iter()
             .map(String::from)
             .collect();
-        let seen = match self.queries.progress(topics).await {
+        let held: BTreeSet<_> = self.assigned.iter().cloned().collect();
+        let seen = match self.queries.progress(topics, &held).await {
             Ok(seen) => seen,
             Err(e) => {
                 // A broker that cannot answer is not a stuck group; librdkafka
@@ -27,23 +42,42 @@ impl RunLoop<'_> {
                 return Ok(());
             }
         };
-        match self.stall.judge(now, seen) {
+        let watch = if holding {
+            self.end_stall.as_mut().expect("created above")
+        } else {
+            &mut self.stall
+        };
+        match watch.judge(now, seen) {
             Verdict::Fine => Ok(()),
             Verdict::Rejoin { lag, stalled } => {
                 tracing::warn!(
                     lag,
                     stalled = ?stalled,
-                    bound = ?self.stall.bound(),
+                    bound = ?bound,
                     group = self.queries.group(),
-                    "holding no partition while the mapped topics have lag and no member advances \
-                     their committed offsets; rejoining the group (re-subscribe)"
+                    holding = holding,
+                    "the mapped partitions this member does not hold have lag and no member \
+                     advances their committed offsets; rejoining the group (re-subscribe)"
                 );
                 consumer::resubscribe(kafka, self.config)
             }
+            Verdict::GiveUp { lag, .. } if holding => Err(Error::EndUnreached {
+                group: self.queries.group().to_string(),
+                partitions: self
+                    .end
+                    .waits_elsewhere()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|(t, p)| format!("{t}/{p}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                lag,
+                waited: bound * 4,
+            }),
             Verdict::GiveUp { lag, .. } => Err(Error::Unassigned {
                 group: self.queries.group().to_string(),
                 lag,
-                waited: self.stall.bound() * 4,
+                waited: bound * 4,
             }),
         }
     }
