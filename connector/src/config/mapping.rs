@@ -40,9 +40,13 @@ pub enum ValueFormatName {
     JsonSchema,
 }
 impl ValueFormatName {
-    /// Whether records carry the Confluent wire format's schema id.
+    /// Whether records carry the Confluent wire format's schema id. Every
+    /// name says so here: a new format decides.
     pub fn uses_registry(self) -> bool {
-        self != ValueFormatName::Json
+        match self {
+            ValueFormatName::Json => false,
+            ValueFormatName::Avro | ValueFormatName::Protobuf | ValueFormatName::JsonSchema => true,
+        }
     }
 }
 /// A mapping's key encoding.

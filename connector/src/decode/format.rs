@@ -1,29 +1,24 @@
 //! The value-format seam: how the values of a batch of records become one
 //! Arrow batch in the mapping's value schema. Everything about a format
-//! (its parser, its screen, its error texts) lives behind `ValueFormat`;
+//! (its parser, its screen, its error texts, what it reads of a writer
+//! schema) lives behind `ValueFormat`, in the format's own file;
 //! everything after (ids, endpoints, provenance, constraints, keys,
 //! last-write-wins) reads only the columns a format hands over.
 //!
-//! A new format is one file implementing `ValueFormat` and one variant of
-//! `Format`. An enum rather than `Box<dyn ValueFormat>`: the screen runs
-//! once per record on the run loop, and a static call there costs nothing,
-//! while each `match` below names the place a new variant must be added.
+//! This file names no format: each format imports it, and the list of
+//! formats (`value_formats!` in `decode/mod.rs`) imports the formats.
 
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use crate::config::{Mapping, ValueFormatName};
+use crate::config::Mapping;
 use crate::error::Result;
 use crate::registry;
 use crate::rejects::RejectCode;
 use crate::schema::GraphType;
 
-use super::avro::AvroFormat;
-use super::json::JsonFormat;
-use super::json_schema::JsonSchemaFormat;
-use super::protobuf::ProtobufFormat;
 use super::shape::Endpoint;
 use super::Step;
 
@@ -66,10 +61,41 @@ impl ValueSchema {
 }
 
 /// A value format: the values of one batch of records in, one Arrow batch
-/// in the value schema out.
+/// in the value schema out (kafka-delta-ingest's `MessageDeserializer`,
+/// by the batch).
+///
+/// A decoder holds its format as a `Box<dyn ValueFormat>`: one dynamic
+/// call per value (`screen`, `unlearned`) and one per batch (`decode`),
+/// as many as a `match` over the formats would make; a format's own loops
+/// over rows and fields make static calls only.
 pub(super) trait ValueFormat: Send {
+    /// The format for a mapping's values, decoding into `values`, at most
+    /// `batch_size` values a call.
+    fn new(
+        mapping: &Mapping,
+        ty: &GraphType,
+        values: ValueSchema,
+        batch_size: usize,
+    ) -> Result<Self>
+    where
+        Self: Sized;
+
+    /// `[graph] evolve = "from_registry"`: the top-level fields of a
+    /// writer schema of this format (`message`: the mapping's Protobuf
+    /// message). A format without writer schemas has none.
+    fn writer_fields(
+        _schema: &registry::Schema,
+        _message: Option<&str>,
+    ) -> std::result::Result<Vec<WriterField>, String>
+    where
+        Self: Sized,
+    {
+        Ok(vec![])
+    }
+
     /// A fault of one value found before any batch decode (JSON: syntax
-    /// and, under strict coercion, the number rules).
+    /// and, under strict coercion, the number rules; registry formats: the
+    /// frame, and an id refused when it was learned).
     fn screen(&self, value: &[u8]) -> Option<(RejectCode, String)>;
 
     /// Decodes the values as one batch in the value schema
@@ -94,49 +120,17 @@ pub(super) trait ValueFormat: Send {
     /// Registry formats: what the registry holds for `id` (`Err`: it has no
     /// such schema, and the id's records are `unknown_schema_id`).
     fn learn(&mut self, _id: u32, _schema: Learned) {}
-}
 
-/// A schema from the registry, or why it has none.
-pub(crate) type Learned = std::result::Result<Arc<registry::Schema>, String>;
-
-/// The formats a mapping can name.
-pub(super) enum Format {
-    Json(JsonFormat),
-    Avro(AvroFormat),
-    JsonSchema(JsonSchemaFormat),
-    Protobuf(ProtobufFormat),
-}
-
-impl Format {
-    /// The mapping's value format (`format`).
-    pub(super) fn of(
-        mapping: &Mapping,
-        ty: &GraphType,
-        values: ValueSchema,
-        batch_size: usize,
-    ) -> Result<Format> {
-        Ok(match mapping.format {
-            ValueFormatName::Json => {
-                Format::Json(JsonFormat::new(mapping, ty, values, batch_size)?)
-            }
-            ValueFormatName::Avro => {
-                Format::Avro(AvroFormat::new(mapping, ty, values, batch_size)?)
-            }
-            ValueFormatName::JsonSchema => {
-                Format::JsonSchema(JsonSchemaFormat::new(mapping, ty, values, batch_size)?)
-            }
-            ValueFormatName::Protobuf => {
-                Format::Protobuf(ProtobufFormat::new(mapping, ty, values, batch_size)?)
-            }
-        })
+    /// Registry formats: whether to ask the registry for the serialized
+    /// descriptor (`format=serialized`) rather than the schema's text.
+    fn wants_descriptor(&self) -> bool {
+        false
     }
-}
 
-impl Format {
     /// Why every record framed with schema `id` is refused, whatever its
     /// payload (the registry lacks the id, or its schema does not resolve
     /// to the type), if it is.
-    pub(super) fn refused(&self, id: u32) -> Option<(RejectCode, String)> {
+    fn refused(&self, id: u32) -> Option<(RejectCode, String)> {
         self.screen(&registry::wire::framed(id, &[]))
             .filter(|(code, _)| {
                 matches!(
@@ -149,49 +143,16 @@ impl Format {
     }
 }
 
-impl ValueFormat for Format {
-    fn screen(&self, value: &[u8]) -> Option<(RejectCode, String)> {
-        match self {
-            Format::Json(f) => f.screen(value),
-            Format::Avro(f) => f.screen(value),
-            Format::JsonSchema(f) => f.screen(value),
-            Format::Protobuf(f) => f.screen(value),
-        }
-    }
+/// A schema from the registry, or why it has none.
+pub(crate) type Learned = std::result::Result<Arc<registry::Schema>, String>;
 
-    fn decode(&mut self, values: &[&[u8]]) -> Step<RecordBatch> {
-        match self {
-            Format::Json(f) => f.decode(values),
-            Format::Avro(f) => f.decode(values),
-            Format::JsonSchema(f) => f.decode(values),
-            Format::Protobuf(f) => f.decode(values),
-        }
-    }
-
-    fn classify(&self, value: &[u8]) -> Option<(RejectCode, String)> {
-        match self {
-            Format::Json(f) => f.classify(value),
-            Format::Avro(f) => f.classify(value),
-            Format::JsonSchema(f) => f.classify(value),
-            Format::Protobuf(f) => f.classify(value),
-        }
-    }
-
-    fn unlearned(&self, value: &[u8]) -> Option<u32> {
-        match self {
-            Format::Json(f) => f.unlearned(value),
-            Format::Avro(f) => f.unlearned(value),
-            Format::JsonSchema(f) => f.unlearned(value),
-            Format::Protobuf(f) => f.unlearned(value),
-        }
-    }
-
-    fn learn(&mut self, id: u32, schema: Learned) {
-        match self {
-            Format::Json(f) => f.learn(id, schema),
-            Format::Avro(f) => f.learn(id, schema),
-            Format::JsonSchema(f) => f.learn(id, schema),
-            Format::Protobuf(f) => f.learn(id, schema),
-        }
-    }
+/// One field of a writer schema (`ValueFormat::writer_fields`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WriterField {
+    pub(crate) name: String,
+    /// The `.pg` scalar type, if the field has one.
+    pub(crate) pg_type: Option<&'static str>,
+    /// Avro: a union with `null`; Protobuf: a field with presence;
+    /// JSON Schema: not `required`, or a type that admits `null`.
+    pub(crate) optional: bool,
 }

@@ -54,38 +54,6 @@ pub(super) struct JsonFormat {
 }
 
 impl JsonFormat {
-    pub(super) fn new(
-        mapping: &Mapping,
-        ty: &GraphType,
-        values: ValueSchema,
-        batch_size: usize,
-    ) -> Result<JsonFormat> {
-        let strict_numbers = mapping.coerce == Coerce::Strict;
-        let screen = ValueScreen::new(&values.fields, strict_numbers);
-        let wants = values
-            .fields
-            .fields()
-            .iter()
-            .map(|f| Want::of(f.data_type()))
-            .collect();
-        // A spare row: a decoder at its batch size reads nothing more.
-        let batch_size = batch_size + 1;
-        let strict = mapping.unknown_fields == UnknownFields::Reject;
-        Ok(JsonFormat {
-            decoder: build_decoder(&values.fields, batch_size, strict)?,
-            decoded: values.decoded(),
-            fields: values.fields,
-            composite: values.composite,
-            batch_size,
-            strict,
-            strict_numbers,
-            wants,
-            screen,
-            type_name: ty.name.clone(),
-            key: ty.key.clone(),
-        })
-    }
-
     /// arrow-json over the values; each value must be exactly one JSON
     /// object.
     fn decode_batch(&mut self, values: &[&[u8]]) -> Step<RecordBatch> {
@@ -167,6 +135,38 @@ impl JsonFormat {
 }
 
 impl ValueFormat for JsonFormat {
+    fn new(
+        mapping: &Mapping,
+        ty: &GraphType,
+        values: ValueSchema,
+        batch_size: usize,
+    ) -> Result<JsonFormat> {
+        let strict_numbers = mapping.coerce == Coerce::Strict;
+        let screen = ValueScreen::new(&values.fields, strict_numbers);
+        let wants = values
+            .fields
+            .fields()
+            .iter()
+            .map(|f| Want::of(f.data_type()))
+            .collect();
+        // A spare row: a decoder at its batch size reads nothing more.
+        let batch_size = batch_size + 1;
+        let strict = mapping.unknown_fields == UnknownFields::Reject;
+        Ok(JsonFormat {
+            decoder: build_decoder(&values.fields, batch_size, strict)?,
+            decoded: values.decoded(),
+            fields: values.fields,
+            composite: values.composite,
+            batch_size,
+            strict,
+            strict_numbers,
+            wants,
+            screen,
+            type_name: ty.name.clone(),
+            key: ty.key.clone(),
+        })
+    }
+
     fn screen(&self, value: &[u8]) -> Option<(RejectCode, String)> {
         self.screen.check(value)
     }

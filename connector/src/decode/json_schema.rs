@@ -12,38 +12,24 @@
 //! framed with an id the registry lacks is `unknown_schema_id`, and one
 //! framed with an Avro or Protobuf schema's id is `schema_mismatch`.
 
-use std::collections::HashMap;
-
 use arrow::array::RecordBatch;
+use serde_json::Value;
 
 use crate::config::Mapping;
 use crate::error::Result;
-use crate::registry::{wire, SchemaType};
+use crate::registry::{wire, Schema, SchemaType};
 use crate::rejects::RejectCode;
 use crate::schema::GraphType;
 
-use super::format::{Learned, ValueFormat, ValueSchema};
+use super::format::{Learned, ValueFormat, ValueSchema, WriterField};
 use super::json::JsonFormat;
+use super::schema_ids::SchemaIds;
 use super::{bad, Step};
 
 pub(super) struct JsonSchemaFormat {
     json: JsonFormat,
-    /// Ids learned: `None` if the id's records are taken, else why not.
-    ids: HashMap<u32, Option<(RejectCode, String)>>,
-}
-
-impl JsonSchemaFormat {
-    pub(super) fn new(
-        mapping: &Mapping,
-        ty: &GraphType,
-        values: ValueSchema,
-        batch_size: usize,
-    ) -> Result<JsonSchemaFormat> {
-        Ok(JsonSchemaFormat {
-            json: JsonFormat::new(mapping, ty, values, batch_size)?,
-            ids: HashMap::new(),
-        })
-    }
+    /// Ids learned; none needs more than being a JSON Schema.
+    ids: SchemaIds<()>,
 }
 
 /// The JSON after the prefix.
@@ -54,15 +40,30 @@ fn payload(value: &[u8]) -> std::result::Result<&[u8], (RejectCode, String)> {
 }
 
 impl ValueFormat for JsonSchemaFormat {
+    fn new(
+        mapping: &Mapping,
+        ty: &GraphType,
+        values: ValueSchema,
+        batch_size: usize,
+    ) -> Result<JsonSchemaFormat> {
+        Ok(JsonSchemaFormat {
+            json: JsonFormat::new(mapping, ty, values, batch_size)?,
+            ids: SchemaIds::new(SchemaType::Json, "json_schema"),
+        })
+    }
+
+    fn writer_fields(
+        schema: &Schema,
+        _message: Option<&str>,
+    ) -> std::result::Result<Vec<WriterField>, String> {
+        properties(schema)
+    }
+
     fn screen(&self, value: &[u8]) -> Option<(RejectCode, String)> {
-        let f = match wire::frame(value) {
-            Ok(f) => f,
-            Err(e) => return Some((RejectCode::BadFraming, e.0)),
-        };
-        if let Some(Some(refused)) = self.ids.get(&f.schema_id) {
-            return Some(refused.clone());
+        match self.ids.screen(value) {
+            Err(refused) => Some(refused),
+            Ok((f, _)) => self.json.screen(f.rest),
         }
-        self.json.screen(f.rest)
     }
 
     fn decode(&mut self, values: &[&[u8]]) -> Step<RecordBatch> {
@@ -84,22 +85,50 @@ impl ValueFormat for JsonSchemaFormat {
     }
 
     fn unlearned(&self, value: &[u8]) -> Option<u32> {
-        let id = wire::frame(value).ok()?.schema_id;
-        (!self.ids.contains_key(&id)).then_some(id)
+        self.ids.unlearned(value)
     }
 
     fn learn(&mut self, id: u32, schema: Learned) {
-        let refused = match schema {
-            Err(m) => Some((RejectCode::UnknownSchemaId, m)),
-            Ok(s) if s.schema_type != SchemaType::Json => Some((
-                RejectCode::SchemaMismatch,
-                format!(
-                    "schema id {id} is a {:?} schema, and this mapping's format is json_schema",
-                    s.schema_type
-                ),
-            )),
-            Ok(_) => None,
-        };
-        self.ids.insert(id, refused);
+        self.ids.learn(id, schema, |_| Ok(()));
     }
+}
+
+/// The top-level properties of a JSON Schema, each with the `.pg` type
+/// it would be declared as; one not `required`, or whose type admits
+/// `null`, may be absent.
+fn properties(schema: &Schema) -> std::result::Result<Vec<WriterField>, String> {
+    let v: Value = serde_json::from_str(&schema.text)
+        .map_err(|e| format!("the schema is not JSON: {e}"))?;
+    let props = v["properties"]
+        .as_object()
+        .ok_or("the JSON Schema has no properties")?;
+    let required: Vec<&str> = v["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    Ok(props
+        .iter()
+        .map(|(name, p)| {
+            let types: Vec<&str> = match &p["type"] {
+                Value::String(s) => vec![s.as_str()],
+                Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+                _ => vec![],
+            };
+            let rest: Vec<&str> = types.iter().copied().filter(|t| *t != "null").collect();
+            let pg_type = match (rest.as_slice(), p["format"].as_str()) {
+                (["string"], Some("date-time")) => Some("DateTime"),
+                (["string"], Some("date")) => Some("Date"),
+                (["string"], _) => Some("String"),
+                (["integer"], _) => Some("I64"),
+                (["number"], _) => Some("F64"),
+                (["boolean"], _) => Some("Bool"),
+                _ => None,
+            };
+            WriterField {
+                name: name.clone(),
+                pg_type,
+                optional: !required.contains(&name.as_str()) || rest.len() < types.len(),
+            }
+        })
+        .collect())
 }

@@ -32,10 +32,10 @@ use crate::rejects::RejectCode;
 use crate::schema::GraphType;
 
 use super::avro;
-use super::format::{Format, Learned, ValueFormat, ValueSchema};
+use super::format::{Learned, ValueFormat, ValueSchema};
 use super::keys::scalar_text;
 use super::shape::Shape;
-use super::{Fail, SourceRecord};
+use super::{value_format, Fail, SourceRecord};
 
 /// The field an edge id's framed key is read into.
 const EDGE_ID: &str = "id";
@@ -51,10 +51,10 @@ pub(super) enum KeyFormat {
 
 pub(super) struct Framed {
     name: KeyFormatName,
-    format: Format,
+    format: Box<dyn ValueFormat>,
     /// For an edge id: the same format over a numeric `id`, for a key
     /// schema that holds a `long` or an `int` (the id is then its text).
-    numeric: Option<Format>,
+    numeric: Option<Box<dyn ValueFormat>>,
     /// The key's fields, in `@key` order (`id` for an edge).
     fields: Vec<String>,
     node: bool,
@@ -76,7 +76,7 @@ impl KeyFormat {
         batch_size: usize,
     ) -> Result<KeyFormat> {
         let node = matches!(shape, Shape::Node(_));
-        let value_format = match mapping.key_format {
+        let read_as = match mapping.key_format {
             KeyFormatName::Json => return Ok(KeyFormat::Json),
             KeyFormatName::String if node && ty.key.len() > 1 => {
                 return Err(Error::config(format!(
@@ -109,7 +109,7 @@ impl KeyFormat {
         // than the key (the value's `message` names the value's type unless
         // only the key is Protobuf).
         let key_mapping = Mapping {
-            format: value_format,
+            format: read_as,
             unknown_fields: UnknownFields::Ignore,
             message: mapping
                 .message
@@ -132,11 +132,11 @@ impl KeyFormat {
                 )])),
                 composite: vec![],
             };
-            Some(Format::of(&key_mapping, ty, values, batch_size)?)
+            Some(value_format(&key_mapping, ty, values, batch_size)?)
         };
         Ok(KeyFormat::Framed(Box::new(Framed {
             name: mapping.key_format,
-            format: Format::of(&key_mapping, ty, values, batch_size)?,
+            format: value_format(&key_mapping, ty, values, batch_size)?,
             numeric,
             fields: names,
             node,

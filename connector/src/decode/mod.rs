@@ -24,24 +24,43 @@
 //!
 //! A record refused at any stage leaves the batch as a reject; the others
 //! go on. `partitioner` gives the partition a producer's partitioner picks.
+//!
+//! The value formats, one file each, listed once in `value_formats!`
+//! below, each a type implementing `ValueFormat` (format.rs):
+//! - `json` — arrow-json; `json/screen.rs` parses each value with
+//!   serde_json first (JSON syntax, and the number rules under `coerce =
+//!   "strict"`); `json/fit.rs` is the one judge of whether a JSON value
+//!   fits a column type, which the screen and `classify` both ask;
+//! - `avro` — arrow-avro, a decoder per writer schema id with a reader
+//!   schema made from the type (`avro/schema.rs`);
+//! - `json_schema` — the JSON path after the wire prefix;
+//! - `protobuf` — prost-reflect over descriptors from the registry,
+//!   compiled by protox when it gives text.
+//!
+//! The registry formats `learn` each schema id before `decode` sees its
+//! records, and keep what they learned in `schema_ids`. Framed keys are
+//! read by the same formats (`key_format`). `shape` is a mapping's value
+//! schema, id and endpoint rules; `rows` reads the columns a format hands
+//! over, never a value's bytes. Under a change envelope or field paths,
+//! `envelope/` turns each record into an upsert of a flat JSON object, a
+//! delete of the key it names, a no-op, or a reject, before the stages
+//! (`events`: Debezium and `op_field` events; `avro`: Debezium events in
+//! Avro; `fields`: the JSON Pointer paths; `encodings`: Debezium's epoch
+//! and decimal encodings; docs/cdc.md).
 
-mod avro;
 mod checks;
 mod envelope;
 mod format;
-mod json;
-mod json_schema;
 mod key_format;
 mod keys;
 mod lww;
 mod partitioner;
-mod protobuf;
 mod rows;
+mod schema_ids;
 mod shape;
 mod split;
 #[cfg(test)]
 mod tests;
-mod writer_fields;
 
 use std::sync::Arc;
 
@@ -50,20 +69,67 @@ use arrow_schema::Schema;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 
-use crate::config::{KeyOrigin, KeySource, Mapping, Partitioner};
+use crate::config::{KeyOrigin, KeySource, Mapping, Partitioner, ValueFormatName};
 use crate::error::{Error, Result};
+use crate::registry;
 use crate::rejects::{owned_headers, Origin, Reject, RejectCode};
 use crate::schema::{GraphSchema, GraphType, TypeKind};
 use crate::validate::Validator;
 
 use envelope::{Change, Unwrap};
-pub(crate) use format::Learned;
-use format::{Format, ValueFormat, ValueSchema};
+pub(crate) use format::{Learned, WriterField};
+use format::{ValueFormat, ValueSchema};
 use key_format::{KeyFormat, PlainKey};
 #[cfg(test)]
 use partitioner::partition_of;
 use shape::{EdgeId, Shape};
-pub(crate) use writer_fields::{writer_fields, WriterField};
+
+/// The value formats, one line each: `ValueFormatName` variant => its
+/// file :: the type there that implements `ValueFormat` (format.rs). The
+/// line declares the file's module and routes `value_format` and
+/// `writer_fields` to the type; the `match`es it makes are exhaustive, so
+/// a name without a line does not compile.
+macro_rules! value_formats {
+    ($($name:ident => $file:ident :: $ty:ident,)+) => {
+        $(mod $file;)+
+
+        /// The value format a mapping names (`format`).
+        fn value_format(
+            mapping: &Mapping,
+            ty: &GraphType,
+            values: ValueSchema,
+            batch_size: usize,
+        ) -> Result<Box<dyn ValueFormat>> {
+            Ok(match mapping.format {
+                $(ValueFormatName::$name => {
+                    Box::new($file::$ty::new(mapping, ty, values, batch_size)?)
+                })+
+            })
+        }
+
+        /// `[graph] evolve = "from_registry"`: the top-level fields of
+        /// `schema`, a writer schema of `format` (`message`: the mapping's
+        /// Protobuf message, else the file's first).
+        pub(crate) fn writer_fields(
+            format: ValueFormatName,
+            schema: &registry::Schema,
+            message: Option<&str>,
+        ) -> std::result::Result<Vec<WriterField>, String> {
+            match format {
+                $(ValueFormatName::$name => {
+                    <$file::$ty as ValueFormat>::writer_fields(schema, message)
+                })+
+            }
+        }
+    };
+}
+
+value_formats! {
+    Json => json::JsonFormat,
+    Avro => avro::AvroFormat,
+    JsonSchema => json_schema::JsonSchemaFormat,
+    Protobuf => protobuf::ProtobufFormat,
+}
 
 /// One consumed record, borrowed from the poll.
 #[derive(Clone, Copy)]
@@ -142,7 +208,7 @@ pub struct RecordDecoder {
     ty: GraphType,
     shape: Shape,
     /// The values → Arrow: everything format-specific (format.rs).
-    format: Format,
+    format: Box<dyn ValueFormat>,
     /// The Kafka keys → their plain text (key_format.rs).
     keys: KeyFormat,
     /// Under an envelope or field paths: each record's change, before the
@@ -201,13 +267,13 @@ impl RecordDecoder {
         // Under an Avro envelope the stage hands on JSON rows.
         let rows = match &unwrap {
             Some(u) if u.avro().is_some() => &Mapping {
-                format: crate::config::ValueFormatName::Json,
+                format: ValueFormatName::Json,
                 ..mapping.clone()
             },
             _ => mapping,
         };
         Ok(RecordDecoder {
-            format: Format::of(rows, ty, values, batch_size)?,
+            format: value_format(rows, ty, values, batch_size)?,
             unwrap,
             keys: KeyFormat::new(mapping, ty, &shape, batch_size)?,
             ty: ty.clone(),
@@ -302,7 +368,7 @@ impl RecordDecoder {
     pub fn wants_descriptor(&self, subject: Subject) -> bool {
         match subject {
             Subject::Key => self.keys.wants_descriptor(),
-            Subject::Value => matches!(self.format, Format::Protobuf(_)),
+            Subject::Value => self.format.wants_descriptor(),
         }
     }
 

@@ -38,10 +38,9 @@ use crate::registry::{wire, Schema, SchemaType};
 use crate::rejects::RejectCode;
 use crate::schema::GraphType;
 
-use super::format::{Learned, ValueFormat, ValueSchema};
+use super::format::{Learned, ValueFormat, ValueSchema, WriterField};
+use super::schema_ids::{Refusal, SchemaIds};
 use super::{bad, Fail, Step};
-
-type Refusal = (RejectCode, String);
 
 pub(super) struct ProtobufFormat {
     values: ValueSchema,
@@ -50,18 +49,15 @@ pub(super) struct ProtobufFormat {
     message: Option<String>,
     unknown_reject: bool,
     type_name: String,
-    /// By schema id, looked up for every record: a fast hash of a u32.
-    writers: HashMap<u32, Writer, foldhash::fast::RandomState>,
+    writers: SchemaIds<Writer>,
 }
 
-enum Writer {
-    Ready {
-        file: FileDescriptor,
-        /// By message index path: the message, and the plan to read it,
-        /// or why it is refused.
-        messages: HashMap<Vec<usize>, std::result::Result<Arc<Plan>, Refusal>>,
-    },
-    Refused(RejectCode, String),
+/// A schema id whose descriptors compiled.
+struct Writer {
+    file: FileDescriptor,
+    /// By message index path: the message, and the plan to read it, or
+    /// why it is refused.
+    messages: HashMap<Vec<usize>, std::result::Result<Arc<Plan>, Refusal>>,
 }
 
 /// How one message becomes the value schema's columns: per column, the
@@ -72,22 +68,6 @@ struct Plan {
 }
 
 impl ProtobufFormat {
-    pub(super) fn new(
-        mapping: &Mapping,
-        ty: &GraphType,
-        values: ValueSchema,
-        _batch_size: usize,
-    ) -> Result<ProtobufFormat> {
-        Ok(ProtobufFormat {
-            decoded: values.decoded(),
-            values,
-            message: mapping.message.clone(),
-            unknown_reject: mapping.unknown_fields == UnknownFields::Reject,
-            type_name: ty.name.clone(),
-            writers: HashMap::default(),
-        })
-    }
-
     /// The plan for a value's message: its id's writer, its indexes (or
     /// the configured message), checked once.
     fn plan_of<'v>(&mut self, value: &'v [u8]) -> Step<(Arc<Plan>, &'v [u8])> {
@@ -101,19 +81,7 @@ impl ProtobufFormat {
         };
         let (values, message, unknown_reject) = (&self.values, &self.message, self.unknown_reject);
         let type_name = self.type_name.clone();
-        let writer = match self.writers.get_mut(&f.schema_id) {
-            Some(w) => w,
-            None => {
-                return Err(Fail::System(Error::Bug(format!(
-                    "schema id {} was not fetched before decoding",
-                    f.schema_id
-                ))))
-            }
-        };
-        let (file, messages) = match writer {
-            Writer::Refused(code, m) => return bad(*code, m.clone()),
-            Writer::Ready { file, messages } => (file, messages),
-        };
+        let Writer { file, messages } = self.writers.ready_mut(f.schema_id)?;
         let plan = messages
             .entry(key.clone())
             .or_insert_with(|| {
@@ -129,51 +97,61 @@ impl ProtobufFormat {
 }
 
 impl ValueFormat for ProtobufFormat {
+    fn new(
+        mapping: &Mapping,
+        ty: &GraphType,
+        values: ValueSchema,
+        _batch_size: usize,
+    ) -> Result<ProtobufFormat> {
+        Ok(ProtobufFormat {
+            decoded: values.decoded(),
+            values,
+            message: mapping.message.clone(),
+            unknown_reject: mapping.unknown_fields == UnknownFields::Reject,
+            type_name: ty.name.clone(),
+            writers: SchemaIds::new(SchemaType::Protobuf, "protobuf"),
+        })
+    }
+
+    fn writer_fields(
+        schema: &Schema,
+        message: Option<&str>,
+    ) -> std::result::Result<Vec<WriterField>, String> {
+        message_fields(schema, message)
+    }
+
     fn screen(&self, value: &[u8]) -> Option<(RejectCode, String)> {
-        match wire::frame(value) {
-            Err(e) => Some((RejectCode::BadFraming, e.0)),
-            Ok(f) => match self.writers.get(&f.schema_id) {
-                Some(Writer::Refused(code, m)) => Some((*code, m.clone())),
-                Some(Writer::Ready { file, .. }) if f.rest.is_empty() => {
-                    // `refusal` asks with an empty payload: the message a
-                    // start-up check sees is the configured or the first.
-                    let desc = match pick(file, self.message.as_deref(), &[0]) {
-                        Ok(d) => d,
-                        Err(r) => return Some(r),
-                    };
-                    plan(desc, &self.values, self.unknown_reject, &self.type_name).err()
-                }
-                _ => None,
-            },
+        match self.writers.screen(value) {
+            Err(refused) => Some(refused),
+            Ok((f, Some(Writer { file, .. }))) if f.rest.is_empty() => {
+                // `refusal` asks with an empty payload: the message a
+                // start-up check sees is the configured or the first.
+                let desc = match pick(file, self.message.as_deref(), &[0]) {
+                    Ok(d) => d,
+                    Err(r) => return Some(r),
+                };
+                plan(desc, &self.values, self.unknown_reject, &self.type_name).err()
+            }
+            Ok(_) => None,
         }
     }
 
     fn unlearned(&self, value: &[u8]) -> Option<u32> {
-        let id = wire::frame(value).ok()?.schema_id;
-        (!self.writers.contains_key(&id)).then_some(id)
+        self.writers.unlearned(value)
     }
 
     fn learn(&mut self, id: u32, schema: Learned) {
-        let writer = match schema {
-            Err(m) => Writer::Refused(RejectCode::UnknownSchemaId, m),
-            Ok(s) if s.schema_type != SchemaType::Protobuf => Writer::Refused(
-                RejectCode::SchemaMismatch,
-                format!(
-                    "schema id {id} is a {:?} schema, and this mapping's format is protobuf",
-                    s.schema_type
-                ),
-            ),
-            Ok(s) => match descriptors(&s) {
-                Ok(file) => Writer::Ready {
-                    file,
-                    messages: HashMap::new(),
-                },
-                Err(m) => {
-                    Writer::Refused(RejectCode::SchemaMismatch, format!("schema id {id}: {m}"))
-                }
-            },
-        };
-        self.writers.insert(id, writer);
+        self.writers.learn(id, schema, |s| match descriptors(&s) {
+            Ok(file) => Ok(Writer {
+                file,
+                messages: HashMap::new(),
+            }),
+            Err(m) => Err((RejectCode::SchemaMismatch, format!("schema id {id}: {m}"))),
+        });
+    }
+
+    fn wants_descriptor(&self) -> bool {
+        true
     }
 
     fn decode(&mut self, values: &[&[u8]]) -> Step<RecordBatch> {
@@ -230,10 +208,10 @@ impl ValueFormat for ProtobufFormat {
 /// The top-level fields of the message `message` (else the file's first)
 /// of a writer schema (`writer_fields`): a field with presence (proto3
 /// `optional`, a message) may be absent; a repeated one has no `.pg` type.
-pub(super) fn writer_fields(
+fn message_fields(
     s: &Schema,
     message: Option<&str>,
-) -> std::result::Result<Vec<super::writer_fields::WriterField>, String> {
+) -> std::result::Result<Vec<WriterField>, String> {
     let file = descriptors(s)?;
     let desc = pick(&file, message, &[0]).map_err(|(_, why)| why)?;
     Ok(desc
@@ -254,7 +232,7 @@ pub(super) fn writer_fields(
                 }
                 _ => None,
             };
-            super::writer_fields::WriterField {
+            WriterField {
                 name: fd.name().to_string(),
                 pg_type,
                 optional: fd.supports_presence(),

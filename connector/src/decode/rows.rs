@@ -19,7 +19,6 @@ use crate::error::{Context, Error, Result};
 use crate::rejects::RejectCode;
 use crate::schema::{canonical_ids, ID, SRC_OFFSET, SRC_PARTITION, SRC_TIMESTAMP, SRC_TOPIC};
 
-use super::format::ValueFormat;
 use super::shape::{EdgeId, Endpoint, Shape};
 use super::{bad, Fail, RecordDecoder, SourceRecord, Step};
 

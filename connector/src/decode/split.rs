@@ -6,7 +6,6 @@
 use crate::error::Result;
 use crate::rejects::{Reject, RejectCode};
 
-use super::format::ValueFormat;
 use super::rows::Part;
 use super::{Fail, RecordDecoder, SourceRecord};
 

@@ -1,7 +1,8 @@
 //! The decoder's unit tests, through `RecordDecoder::decode`; `types`: every
 //! `.pg` type; `hostile`: graphsink-testkit's hostile corpus; `avro`: the
 //! Avro format, on values encoded by hand; `keys`: `key_format`;
-//! `composite`: composite endpoints in the registry formats.
+//! `composite`: composite endpoints in the registry formats;
+//! `writer_fields`: what each registry format reads of a writer schema.
 
 mod avro;
 mod cdc;
@@ -11,6 +12,7 @@ mod keys;
 mod protobuf;
 pub(super) mod type_table;
 mod types;
+mod writer_fields;
 
 use std::sync::Arc;
 

@@ -8,8 +8,6 @@
 //! Arrow path; chosen so one change stage serves both encodings
 //! (docs/decisions/0010-change-streams.md).
 
-use std::collections::HashMap;
-
 use arrow::array::RecordBatch;
 use arrow_avro::reader::Decoder;
 use serde_json::{Map, Value};
@@ -18,62 +16,53 @@ use crate::registry::{wire, SchemaType};
 use crate::rejects::RejectCode;
 
 use super::super::avro::{build, decode_values};
+use super::super::schema_ids::SchemaIds;
 use super::super::{Fail, Learned};
 use super::fields::Refusal;
 
-/// What is known of one writer schema id.
-enum Writer {
-    /// The schema's text; its decoder (reader = writer: every field kept),
-    /// `None` after a failure until the next record rebuilds it.
-    Ready {
-        text: String,
-        decoder: Option<Box<Decoder>>,
-    },
-    Refused(RejectCode, String),
+/// A writer schema id that reads as Avro: the schema's text; its decoder
+/// (reader = writer: every field kept), `None` after a failure until the
+/// next record rebuilds it.
+struct Writer {
+    text: String,
+    decoder: Option<Box<Decoder>>,
 }
 
-#[derive(Default)]
 pub(in crate::decode) struct AvroEvents {
-    writers: HashMap<u32, Writer>,
+    writers: SchemaIds<Writer>,
+}
+
+impl Default for AvroEvents {
+    fn default() -> Self {
+        AvroEvents {
+            writers: SchemaIds::new(SchemaType::Avro, "avro"),
+        }
+    }
 }
 
 impl AvroEvents {
     /// The schema id framed in `value`, when it must be fetched first.
     pub(in crate::decode) fn unlearned(&self, value: &[u8]) -> Option<u32> {
-        let id = wire::frame(value).ok()?.schema_id;
-        (!self.writers.contains_key(&id)).then_some(id)
+        self.writers.unlearned(value)
     }
 
     /// Why every event of schema `id` is refused, if it is.
     pub(in crate::decode) fn refused(&self, id: u32) -> Option<(RejectCode, String)> {
-        match self.writers.get(&id) {
-            Some(Writer::Refused(code, m)) => Some((*code, m.clone())),
-            _ => None,
-        }
+        self.writers.refusal(id)
     }
 
     pub(in crate::decode) fn learn(&mut self, id: u32, schema: Learned) {
-        let writer = match schema {
-            Err(m) => Writer::Refused(RejectCode::UnknownSchemaId, m),
-            Ok(s) if s.schema_type != SchemaType::Avro => Writer::Refused(
-                RejectCode::SchemaMismatch,
-                format!(
-                    "schema id {id} is a {:?} schema, and this mapping's format is avro",
-                    s.schema_type
-                ),
-            ),
-            Ok(s) => match build(id, &s.text, &s.text, 2) {
-                Ok(d) => Writer::Ready {
+        self.writers
+            .learn(id, schema, |s| match build(id, &s.text, &s.text, 2) {
+                Ok(d) => Ok(Writer {
                     text: s.text.clone(),
                     decoder: Some(Box::new(d)),
-                },
-                Err(e) => Writer::Refused(
+                }),
+                Err(e) => Err((
                     RejectCode::SchemaMismatch,
                     format!("schema id {id} does not read as Avro: {e}"),
-                ),
-            },
-        };
-        self.writers.insert(id, writer);
+                )),
+            });
     }
 
     /// One framed Avro event as a JSON object.
@@ -81,9 +70,9 @@ impl AvroEvents {
         let id = wire::frame(value)
             .map_err(|e| (RejectCode::BadFraming, e.0))?
             .schema_id;
-        let (text, slot) = match self.writers.get_mut(&id) {
-            Some(Writer::Ready { text, decoder }) => (text, decoder),
-            Some(Writer::Refused(code, m)) => return Err((*code, m.clone())),
+        let (text, slot) = match self.writers.get_mut(id) {
+            Some(Ok(Writer { text, decoder })) => (text, decoder),
+            Some(Err((code, m))) => return Err((*code, m.clone())),
             None => {
                 return Err((
                     RejectCode::UnknownSchemaId,
