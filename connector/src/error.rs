@@ -62,15 +62,15 @@ pub enum Error {
     },
     #[error("graph commit conflict: head moved from {expected} to {found}")]
     CommitConflict { expected: String, found: String },
-    #[error("kafka: {0}")]
+    #[error("kafka: {}", shown(.0))]
     Kafka(rdkafka::error::KafkaError),
-    #[error("lance ({context}): {}", without_locations(&source.to_string()))]
+    #[error("lance ({context}): {}", shown(source))]
     Lance {
         context: String,
         #[source]
         source: lance::Error,
     },
-    #[error("arrow ({context}): {source}")]
+    #[error("arrow ({context}): {}", shown(source))]
     Arrow {
         context: String,
         #[source]
@@ -276,6 +276,20 @@ fn stringified_store_failure(text: &str) -> bool {
     generic.is_match(text)
         && !text.contains("lacked the necessary privileges")
         && !text.contains("lacked valid authentication")
+}
+
+/// The text a user reads of a library's error (Lance, object_store,
+/// librdkafka, Arrow, DataFusion): its message without the Rust source
+/// locations some of them append. Every message or log line at INFO and
+/// above that quotes a library's error takes its text from here; the full
+/// text goes to the debug log.
+pub(crate) fn shown(e: &(impl std::fmt::Display + ?Sized)) -> String {
+    let full = e.to_string();
+    let text = without_locations(&full);
+    if text != full {
+        tracing::debug!(error = %full, "a library error, with its source locations");
+    }
+    text
 }
 
 /// Lance's messages end with the source location that raised them (a

@@ -19,7 +19,7 @@ use futures::TryStreamExt;
 use lance::dataset::scanner::Scanner;
 use lance::Dataset;
 
-use crate::error::{Context, Error, Result};
+use crate::error::{shown, Context, Error, Result};
 use crate::graph::{open_pinned, Graph, GraphCommit};
 use crate::schema::ID;
 
@@ -169,7 +169,7 @@ pub(crate) fn sql_string(s: &str) -> String {
 /// A filter Lance refused to plan: the user's to fix, so a config-class
 /// error (exit 2), on one line.
 pub(crate) fn bad_filter(filter: &str, e: impl std::fmt::Display) -> Error {
-    let text = e.to_string();
+    let text = shown(&e);
     let text = text.lines().next().unwrap_or_default();
     Error::config(format!("--filter {filter:?} cannot be read: {text}"))
 }

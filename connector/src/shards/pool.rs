@@ -11,7 +11,7 @@ use lance::Dataset;
 use uuid::Uuid;
 
 use crate::config::{Sharding, WalSettings};
-use crate::error::{Context, Error, Result};
+use crate::error::{shown, Context, Error, Result};
 use crate::graph::Graph;
 use crate::schema::REJECTS_TABLE;
 
@@ -387,7 +387,7 @@ fn close_in_background(s: Shard) {
                 tracing::debug!(%id, table = %s.table, bucket = s.bucket, "released shard closed")
             }
             Ok(Err(e)) => {
-                tracing::warn!(%id, error = %e, "released shard did not close; its next owner replays it")
+                tracing::warn!(%id, error = %shown(&e), "released shard did not close; its next owner replays it")
             }
             Err(_) => tracing::warn!(
                 %id,

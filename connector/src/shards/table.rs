@@ -11,7 +11,7 @@ use lance::dataset::mem_wal::{evaluate_sharding_spec, BatchDurableWatcher};
 use lance_index::mem_wal::ShardingSpec;
 use uuid::Uuid;
 
-use crate::error::{Context, Error, Result};
+use crate::error::{shown, Context, Error, Result};
 use crate::graph::ShardLayout;
 use crate::schema::SRC_PARTITION;
 
@@ -239,13 +239,13 @@ pub(crate) fn fenced_or(
             table: table.to_string(),
             bucket,
             shard,
-            reason: e.to_string(),
+            reason: shown(&e),
         },
         Some(_) => Error::Fenced {
             table: table.to_string(),
             bucket,
             shard,
-            reason: e.to_string(),
+            reason: shown(&e),
         },
         None => Error::Lance {
             context: format!("{what} on shard {shard} ({table} bucket {bucket})"),
