@@ -611,11 +611,9 @@ fn without_gc(tg: &TestGraph) -> PathBuf {
 }
 
 fn run_with_config(config: &std::path::Path) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_graphsink"))
-        .args(["run", "--exit-at-end", "--config"])
-        .arg(config)
-        .output()
-        .expect("run graphsink")
+    let mut cmd = crate::binary::graphsink();
+    cmd.args(["run", "--exit-at-end", "--config"]).arg(config);
+    crate::binary::output(cmd)
 }
 
 /// kill -9 at every GC step and inside each (failpoints, `abort`), in the
