@@ -270,8 +270,12 @@ async fn read_rows(config: &Config, read: &args::ReadArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let rows = commands::read::read(config, &read.request()).await?;
-    rows::rows(&rows, read.format)
+    // One row past the limit tells a cut read from a whole one.
+    let mut req = read.request();
+    let limit = req.limit.unwrap_or(usize::MAX);
+    req.limit = Some(limit.saturating_add(1));
+    let rows = commands::read::read(config, &req).await?;
+    rows::rows(&rows, read.format, limit)
 }
 
 /// `graphsink fold`: refused while members run, unless forced.
