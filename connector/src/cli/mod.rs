@@ -316,20 +316,21 @@ async fn dispatch(cmd: Command) -> Result<()> {
             force,
         } => migrate(&config, dry_run, force).await,
         Command::Log { config, limit } => {
-            for c in commands::commits(&Config::load(&config)?, limit).await? {
+            for c in commands::commits(&Config::load_for_reads(&config)?, limit).await? {
                 print::commit(&c);
             }
             Ok(())
         }
         Command::Show { config, commit } => {
-            let config = Config::load(&config)?;
+            let config = Config::load_for_reads(&config)?;
             print::snapshot(&commands::snapshot(&config, commit.as_deref()).await?);
             Ok(())
         }
-        Command::Read { config, read } => read_rows(&Config::load(&config)?, &read).await,
+        Command::Read { config, read } => read_rows(&Config::load_for_reads(&config)?, &read).await,
         Command::Neighbors { config, hop } => {
             let format = hop.format;
-            let n = commands::read::neighbors(&Config::load(&config)?, &hop.request()).await?;
+            let n = commands::read::neighbors(&Config::load_for_reads(&config)?, &hop.request())
+                .await?;
             rows::neighbors(&n, format)
         }
         Command::Status { config, json } => status(&Config::load(&config)?, json).await,
@@ -344,7 +345,8 @@ async fn dispatch(cmd: Command) -> Result<()> {
             json,
         } => {
             let selected =
-                commands::rejects::select(&Config::load(&config)?, &filter.into()).await?;
+                commands::rejects::select(&Config::load_for_reads(&config)?, &filter.into())
+                    .await?;
             print::rejects(&selected, limit, json);
             Ok(())
         }

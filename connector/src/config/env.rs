@@ -3,6 +3,17 @@
 
 use super::*;
 
+/// The text of a config file and the directory its relative paths
+/// resolve against.
+pub(super) fn read_file(path: &Path) -> Result<(String, PathBuf)> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::config(format!("cannot read {}: {e}", path.display())))?;
+    let base_dir = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    Ok((text, base_dir))
+}
 /// One section of a config file, read before the config itself is loaded
 /// (for what start-up needs first); `None` when it cannot be read.
 pub(super) fn early_section(path: &Path, name: &str) -> Option<toml::Value> {
