@@ -43,6 +43,25 @@ pub(crate) fn resolve_uri(root: &str, base_dir: &Path) -> String {
         .trim_end_matches('/')
         .to_string()
 }
+/// One spelling of a graph root, for what must name the graph rather than
+/// the config's way of writing it (the fold-reject producer's
+/// `transactional.id`): a local path without `file://`, `.` and `..`
+/// resolved, no trailing `/`. `uri` is a root as `resolve_uri` gives it
+/// (relative paths already made absolute).
+pub(crate) fn canonical_root(uri: &str) -> String {
+    let (scheme, path) = match uri.split_once("://") {
+        Some(("file", path)) => ("", path),
+        Some((scheme, path)) => (scheme, path),
+        None => ("", uri),
+    };
+    let path = normalize(Path::new(path)).to_string_lossy().into_owned();
+    let path = path.trim_end_matches('/');
+    if scheme.is_empty() {
+        path.to_string()
+    } else {
+        format!("{scheme}://{path}")
+    }
+}
 /// Lexical `.`/`..` removal, so URIs stay stable without touching the disk.
 pub(super) fn normalize(p: &Path) -> PathBuf {
     let mut out = PathBuf::new();
