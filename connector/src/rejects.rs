@@ -286,7 +286,7 @@ pub struct Origin {
 impl Reject {
     /// The error that stops the connector on this reject under
     /// `errors.tolerance = "none"`.
-    pub fn intolerable(&self) -> crate::error::Error {
+    pub(crate) fn intolerable(&self) -> crate::error::Error {
         crate::error::Error::Intolerable {
             topic: self.topic.clone().unwrap_or_default(),
             partition: self.partition.unwrap_or(-1),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PublicResult, Result};
 use crate::redact;
 
 mod change;
@@ -101,7 +101,7 @@ impl Config {
     }
 
     /// Reads, expands `${VAR}` in string values, parses and validates.
-    pub fn load(path: &Path) -> Result<Config> {
+    pub fn load(path: &Path) -> PublicResult<Config> {
         let (text, base_dir) = read_file(path)?;
         Self::from_toml(&text, &base_dir)
     }
@@ -146,7 +146,7 @@ impl Config {
         Ok(config)
     }
 
-    pub fn from_toml(text: &str, base_dir: &Path) -> Result<Config> {
+    pub fn from_toml(text: &str, base_dir: &Path) -> PublicResult<Config> {
         let mut value: toml::Value =
             toml::from_str(text).map_err(|e| Error::config(one_line(&e.to_string())))?;
         expand_env(&mut value, "")?;

@@ -235,7 +235,7 @@ impl<'a> RunLoop<'a> {
             Err(e) => {
                 self.since_cut.spans = since.spans;
                 self.since_cut.oldest_taken = since.oldest_taken;
-                Err(e)
+                Err(e.into())
             }
         };
         let _ = req.send(result);
