@@ -1,10 +1,14 @@
-//! The crate's error type: one enum with context in its fields, and a small
-//! `ErrorKind` the run loop and the CLI act on.
+//! Errors in SlateDB's shape: inside the crate, one enum (`Error`) with
+//! context in its fields; what leaves it is `PublicError` (the crate's
+//! `graphsink::Error`): a `#[non_exhaustive]` `ErrorKind` a caller acts
+//! on, one readable message, and the library error under it. `shown` is
+//! the one door from a library's error text to a message a user reads.
 
 use thiserror::Error;
 
 /// What the caller should do about an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// The config or schema is wrong: fix it and start again.
     BadConfig,
@@ -12,8 +16,12 @@ pub enum ErrorKind {
     BadInput,
     /// Another writer claimed a shard: this instance must stop acking.
     Fenced,
-    /// Passing trouble (broker, storage, commit race): retrying may help.
+    /// Passing trouble (broker, storage): retrying may help.
     Retry,
+    /// Another writer committed first (the graph's head or a table moved
+    /// under this one): nothing this one acknowledged depends on the lost
+    /// commit; read again and retry.
+    Conflict,
     /// On-disk state is not what graphsink wrote or expects.
     Corrupt,
     /// What the caller asked for does not exist (e.g. a graph commit id).
@@ -23,8 +31,11 @@ pub enum ErrorKind {
     Bug,
 }
 
+/// The crate's own error: one variant per failure, with context in its
+/// fields. It never leaves the crate: public functions return
+/// `PublicError`, which keeps it for the crate's own use.
 #[derive(Debug, Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("config: {0}")]
     Config(String),
     #[error("schema {path}: {message}")]
@@ -62,15 +73,15 @@ pub enum Error {
     },
     #[error("graph commit conflict: head moved from {expected} to {found}")]
     CommitConflict { expected: String, found: String },
-    #[error("kafka: {0}")]
+    #[error("kafka: {}", shown(.0))]
     Kafka(rdkafka::error::KafkaError),
-    #[error("lance ({context}): {}", without_locations(&source.to_string()))]
+    #[error("lance ({context}): {}", shown(source))]
     Lance {
         context: String,
         #[source]
         source: lance::Error,
     },
-    #[error("arrow ({context}): {source}")]
+    #[error("arrow ({context}): {}", shown(source))]
     Arrow {
         context: String,
         #[source]
@@ -130,7 +141,73 @@ pub enum Error {
     Broker(String),
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// graphsink's public error (re-exported as `graphsink::Error`): what a
+/// caller does about it (`kind`), one line a user can read (`message`,
+/// without the source locations some libraries append), and the library
+/// error under it (`source`: Lance, Arrow, librdkafka), if any. Callers
+/// match on the kind; the variants behind it are the crate's own.
+pub struct PublicError {
+    kind: ErrorKind,
+    message: String,
+    /// The crate's error, kept whole so a public function called inside
+    /// the crate loses nothing (`From<PublicError> for Error`).
+    inner: Box<Error>,
+}
+
+/// The public `Result` (re-exported as `graphsink::Result`).
+pub type PublicResult<T, E = PublicError> = std::result::Result<T, E>;
+
+impl PublicError {
+    /// What the caller should do about it.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// What happened, on one line a user can read.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl From<Error> for PublicError {
+    fn from(e: Error) -> Self {
+        PublicError {
+            kind: e.kind(),
+            message: e.to_string(),
+            inner: Box::new(e),
+        }
+    }
+}
+
+impl From<PublicError> for Error {
+    fn from(e: PublicError) -> Self {
+        *e.inner
+    }
+}
+
+impl std::fmt::Display for PublicError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::fmt::Debug for PublicError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Error")
+            .field("kind", &self.kind)
+            .field("message", &self.message)
+            .field("source", &std::error::Error::source(self))
+            .finish()
+    }
+}
+
+impl std::error::Error for PublicError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(self.inner.as_ref())
+    }
+}
 
 /// librdkafka's config errors carry the property's value (a typo'd
 /// `sasl.pasword` would print the password): the value is masked.
@@ -151,12 +228,12 @@ impl From<rdkafka::error::KafkaError> for Error {
 
 impl Error {
     /// Config errors may quote a value: registered secrets are masked.
-    pub fn config(msg: impl Into<String>) -> Self {
+    pub(crate) fn config(msg: impl Into<String>) -> Self {
         let msg = msg.into();
         Error::Config(crate::redact::text(&msg).into_owned())
     }
 
-    pub fn kind(&self) -> ErrorKind {
+    pub(crate) fn kind(&self) -> ErrorKind {
         match self {
             Error::Config(_)
             | Error::Schema { .. }
@@ -169,9 +246,9 @@ impl Error {
             | Error::RegistrySchemaGrew { .. } => ErrorKind::Retry,
             Error::Fenced { .. } | Error::ProducerFenced { .. } => ErrorKind::Fenced,
             Error::WalUnavailable { .. } => ErrorKind::Retry,
-            Error::CommitConflict { .. } | Error::Kafka(_) | Error::Failpoint(_) => {
-                ErrorKind::Retry
-            }
+            Error::CommitConflict { .. } => ErrorKind::Conflict,
+            Error::Kafka(_) | Error::Failpoint(_) => ErrorKind::Retry,
+            Error::Lance { .. } if self.is_commit_race() => ErrorKind::Conflict,
             Error::Lance { source, .. } if passing_lance_failure(source) => ErrorKind::Retry,
             Error::Lance { source, .. } if source.fence_reason().is_some() => ErrorKind::Fenced,
             Error::Lance { .. } | Error::Arrow { .. } | Error::Broker(_) => ErrorKind::Retry,
@@ -187,7 +264,7 @@ impl Error {
     /// outage), or a shard writer gave up on its WAL. The run restarts its
     /// ingest session for these; a refusal (credentials, permissions, a
     /// missing table) is not one of them and stops the run.
-    pub fn is_passing_storage_failure(&self) -> bool {
+    pub(crate) fn is_passing_storage_failure(&self) -> bool {
         match self {
             Error::WalUnavailable { .. } => true,
             Error::Lance { source, .. } => passing_lance_failure(source),
@@ -198,7 +275,7 @@ impl Error {
     /// Another writer committed first: the graph's head or a table moved
     /// under this one (with several members, two folding during a
     /// hand-off). Nothing it acknowledged depends on the lost commit.
-    pub fn is_commit_race(&self) -> bool {
+    pub(crate) fn is_commit_race(&self) -> bool {
         use lance::Error as L;
         match self {
             Error::CommitConflict { .. } => true,
@@ -222,7 +299,7 @@ impl Error {
 
     /// A task that ended by panicking (or was cancelled) becomes `Panic`,
     /// never a retryable error.
-    pub fn joined(task: &'static str, e: tokio::task::JoinError) -> Error {
+    pub(crate) fn joined(task: &'static str, e: tokio::task::JoinError) -> Error {
         let message = match e.try_into_panic() {
             Ok(p) => p
                 .downcast_ref::<&str>()
@@ -284,6 +361,20 @@ fn stringified_store_failure(text: &str) -> bool {
     generic.is_match(text)
         && !text.contains("lacked the necessary privileges")
         && !text.contains("lacked valid authentication")
+}
+
+/// The text a user reads of a library's error (Lance, object_store,
+/// librdkafka, Arrow, DataFusion): its message without the Rust source
+/// locations some of them append. Every message or log line at INFO and
+/// above that quotes a library's error takes its text from here; the full
+/// text goes to the debug log.
+pub(crate) fn shown(e: &(impl std::fmt::Display + ?Sized)) -> String {
+    let full = e.to_string();
+    let text = without_locations(&full);
+    if text != full {
+        tracing::debug!(error = %full, "a library error, with its source locations");
+    }
+    text
 }
 
 /// Lance's messages end with the source location that raised them (a
@@ -372,6 +463,31 @@ mod tests {
         };
         assert!(lance("Stale SSTable compaction for shard s: proposed generation 1 is not greater than the recorded generation 1").is_commit_race());
         assert!(!lance("Append with different schema").is_commit_race());
+    }
+
+    /// What leaves the crate is a kind, a message and a source, and
+    /// comes back into the crate whole: a commit race stays one.
+    #[test]
+    fn the_public_error_is_a_kind_a_message_and_a_source() {
+        let race = Error::Lance {
+            context: "commit fold".into(),
+            source: lance::Error::invalid_input("Stale SSTable compaction for shard s"),
+        };
+        let public = PublicError::from(race);
+        assert_eq!(public.kind(), ErrorKind::Conflict);
+        assert_eq!(public.to_string(), public.message());
+        assert!(!public.message().contains(".rs:"), "{public}");
+        let source = std::error::Error::source(&public).expect("Lance's error");
+        assert!(source.downcast_ref::<lance::Error>().is_some());
+        assert!(Error::from(public).is_commit_race());
+        let conflict = Error::CommitConflict {
+            expected: "a".into(),
+            found: "b".into(),
+        };
+        assert_eq!(PublicError::from(conflict).kind(), ErrorKind::Conflict);
+        let plain = PublicError::from(Error::Corrupt("x".into()));
+        assert_eq!(plain.kind(), ErrorKind::Corrupt);
+        assert!(std::error::Error::source(&plain).is_none());
     }
 
     fn lance_io(e: impl std::error::Error + Send + Sync + 'static) -> Error {

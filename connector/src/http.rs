@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PublicResult};
 use crate::metrics::{Format, Metrics};
 
 /// Binds `addr` (port 0: any free port) and serves the probes until
@@ -22,7 +22,7 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
-) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+) -> PublicResult<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| Error::config(format!("http.listen: cannot listen on {addr}: {e}")))?;

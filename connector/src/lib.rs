@@ -61,7 +61,8 @@ pub use config::{
     LogFormat, LogSettings, Mapping, OffsetSettings, OpValue, RetentionSettings, RuntimeSettings,
     StorageOptions, Tolerance, UnknownFields, WalSettings,
 };
-pub use error::{Error, ErrorKind, Result};
+/// The public error: a kind a caller acts on, a message, a source.
+pub use error::{ErrorKind, PublicError as Error, PublicResult as Result};
 /// Reading a graph: its commits, and each table at the version a commit pins.
 pub use graph::{row_counts, FoldedShard, Graph, GraphCommit, SchemaChange, TableStats};
 /// The operator's endpoint: `/metrics`, `/health`, `/ready`.

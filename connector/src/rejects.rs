@@ -163,13 +163,20 @@ named_enum! {
 }
 
 impl RejectCode {
+    /// The stage that raises the code. Every code is named, so a new one
+    /// has to be placed (docs/rejects.md lists each with its stage, which
+    /// a test checks).
     pub fn stage(self) -> Stage {
         use RejectCode::*;
         match self {
+            NotUtf8 | MalformedJson | NotAnObject | Oversized | UnknownField | WrongType
+            | Overflow | MissingRequired | MissingKey | KeyMismatch | MissingEndpoint
+            | BadTombstone | PartitionKeyMismatch | WrongPartition | BadFraming
+            | UnknownSchemaId | SchemaMismatch | MalformedAvro | MalformedProtobuf
+            | MissingAfter | MissingBefore | UnknownOp | UnsupportedOp => Stage::Decode,
             Enum | Range | Check => Stage::Validate,
             EndpointNotFound | Cardinality | Unique | Referenced | PendingOverflow
             | ShardConflict => Stage::Fold,
-            _ => Stage::Decode,
         }
     }
 }
@@ -279,7 +286,7 @@ pub struct Origin {
 impl Reject {
     /// The error that stops the connector on this reject under
     /// `errors.tolerance = "none"`.
-    pub fn intolerable(&self) -> crate::error::Error {
+    pub(crate) fn intolerable(&self) -> crate::error::Error {
         crate::error::Error::Intolerable {
             topic: self.topic.clone().unwrap_or_default(),
             partition: self.partition.unwrap_or(-1),
@@ -600,5 +607,41 @@ mod tests {
             assert_eq!(st.as_str().parse::<Stage>(), Ok(st));
         }
         assert!("nope".parse::<RejectCode>().is_err());
+    }
+
+    /// docs/rejects.md's table lists every code, once, under the stage
+    /// `stage()` gives it, and no code the enum lacks.
+    #[test]
+    fn docs_rejects_lists_every_code_with_its_stage() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/rejects.md"))
+                .expect("docs/rejects.md");
+        let ticked = |s: &str| -> Vec<String> {
+            s.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        let at = doc
+            .find("| stage | code | when |")
+            .expect("docs/rejects.md has the table of codes");
+        let mut documented = std::collections::BTreeMap::new();
+        for row in doc[at..].lines().skip(2).take_while(|l| l.starts_with('|')) {
+            let cells: Vec<&str> = row.split('|').collect();
+            let stage = ticked(cells[1]).concat();
+            for code in ticked(cells[2]) {
+                let again = documented.insert(code.clone(), stage.clone());
+                assert!(again.is_none(), "docs/rejects.md lists {code} twice");
+            }
+        }
+        let enumerated: std::collections::BTreeMap<String, String> = RejectCode::ALL
+            .iter()
+            .map(|c| (c.as_str().to_string(), c.stage().as_str().to_string()))
+            .collect();
+        assert_eq!(
+            documented, enumerated,
+            "docs/rejects.md (left) against RejectCode and its stage() (right)"
+        );
     }
 }

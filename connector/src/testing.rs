@@ -3,7 +3,7 @@
 //! cut, racing publishers). Not part of the stable API: anything here
 //! changes with the internals it exposes.
 
-use crate::error::Result;
+use crate::error::PublicResult as Result;
 use crate::graph::{Graph, GraphCommit};
 
 pub use crate::decode::{Decoded, RecordDecoder, SourceRecord};
@@ -56,24 +56,24 @@ pub async fn collect_garbage(
     window: &Window,
     pool: &ShardPool,
 ) -> Result<crate::retention::GcReport> {
-    crate::retention::collect(graph, window, &pool.live_shards(), false).await
+    Ok(crate::retention::collect(graph, window, &pool.live_shards(), false).await?)
 }
 
 /// Publishes `commit` as the new head if the head is still its parent (the
 /// compare-and-swap a fold's publish makes).
 pub async fn publish(graph: &Graph, commit: &GraphCommit) -> Result<()> {
-    graph.publish(commit).await
+    Ok(graph.publish(commit).await?)
 }
 
 /// `publish` against `__manifest` as of `version`, as a publisher
 /// that read the head there would: races two publishers exactly.
 pub async fn publish_from_version(graph: &Graph, version: u64, commit: &GraphCommit) -> Result<()> {
-    graph.publish_from_version(version, commit).await
+    Ok(graph.publish_from_version(version, commit).await?)
 }
 
 /// The current version of `__manifest`.
 pub async fn manifest_version(graph: &Graph) -> Result<u64> {
-    graph.manifest_version().await
+    Ok(graph.manifest_version().await?)
 }
 
 /// Whether the known ids of `table` (those the folds under `policies`
@@ -83,8 +83,8 @@ pub async fn known_ids_agree(
     graph: &Graph,
     policies: &Policies,
     table: &str,
-) -> crate::Result<Option<bool>> {
-    crate::fold::known_ids_agree(graph, &policies.known_ids, table).await
+) -> Result<Option<bool>> {
+    Ok(crate::fold::known_ids_agree(graph, &policies.known_ids, table).await?)
 }
 
 /// Swaps the row addresses known for ids `a` and `b` of `table`.
@@ -104,5 +104,5 @@ pub fn known_ids(policies: &Policies, table: &str) -> Option<(u64, usize)> {
 pub async fn keep_id_index(
     ds: std::sync::Arc<lance::Dataset>,
 ) -> Result<std::sync::Arc<lance::Dataset>> {
-    crate::fold::keep_id_index(ds, "bench", Default::default()).await
+    Ok(crate::fold::keep_id_index(ds, "bench", Default::default()).await?)
 }

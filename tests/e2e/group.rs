@@ -8,8 +8,7 @@
 //! a broker freeze looks the same to graphsink: no assignment, lag, and
 //! committed offsets that do not move.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +17,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::binary::{self, Running};
 use crate::harness::*;
 
 /// What the plain member did: records read, and whether it held its
@@ -91,20 +91,13 @@ async fn one_partition_of_20() -> (TestGraph, String) {
 
 /// Runs `graphsink run` to its end (at most `limit`): exit status, stderr.
 fn run_binary(tg: &TestGraph, limit: Duration) -> (Option<i32>, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
+    let mut cmd = binary::graphsink();
     cmd.args(["run", "--config"])
         .arg(tg.config_path())
         .env("RUST_LOG", "info,lance=warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .stdout(Stdio::null());
     graphsink_testkit::tie_to_parent(&mut cmd);
-    let mut child = cmd.spawn().expect("spawn graphsink run");
-    let mut stderr = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
+    let mut child = Running::spawn(cmd);
     let deadline = Instant::now() + limit;
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -117,7 +110,7 @@ fn run_binary(tg: &TestGraph, limit: Duration) -> (Option<i32>, String) {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    (status, reader.join().unwrap())
+    (status, child.stderr().to_string())
 }
 
 /// The held-out finding: a member joined, got no assignment, and sat for

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::binary::{self, Running};
 
 struct Broker {
     addr: String,
@@ -442,32 +444,31 @@ impl TestGraph {
         read_table(&g, table, head.tables[table]).await
     }
 
-    /// Runs the real binary to completion.
+    /// Runs the real binary to completion (its stderr checked: `binary`).
     pub(crate) fn cli(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
+        let mut cmd = binary::graphsink();
         cmd.args(args).arg("--config").arg(self.config_path());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.output().expect("run graphsink")
+        binary::output(cmd)
     }
 
     /// A `graphsink run` child that dies with the test, even one that
     /// fails before it kills the child itself.
-    pub(crate) fn spawn_run(&self) -> Child {
+    pub(crate) fn spawn_run(&self) -> Running {
         self.spawn_run_with(&[])
     }
 
     /// [`TestGraph::spawn_run`] with extra environment (failpoints).
-    pub(crate) fn spawn_run_with(&self, env: &[(&str, &str)]) -> Child {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
+    pub(crate) fn spawn_run_with(&self, env: &[(&str, &str)]) -> Running {
+        let mut cmd = binary::graphsink();
         cmd.args(["run", "--config"])
             .arg(self.config_path())
             .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .stdout(Stdio::null());
         graphsink_testkit::tie_to_parent(&mut cmd);
-        cmd.spawn().expect("spawn graphsink run")
+        Running::spawn(cmd)
     }
 }
 

@@ -1,6 +1,7 @@
 //! End-to-end tests: a real Kafka-protocol broker on loopback, real Lance
 //! tables on disk, the real binary where a process must die.
 
+mod binary;
 mod cdc;
 mod edges;
 mod evolution;
@@ -18,6 +19,8 @@ mod scaleout;
 mod storage;
 
 /// Writes the tracing output of in-process runs to the test's stderr.
+/// Their lines are not checked for source locations as the binary's are
+/// (`binary`): they share the test's subscriber, not a stderr of their own.
 pub fn init_logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(

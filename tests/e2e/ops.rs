@@ -345,6 +345,14 @@ async fn the_binary_serves_its_probes_and_reports_a_fencing_before_it_exits() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(status.code(), Some(3), "exit code of a fenced run");
+    // Its exit line names the fence; `binary` has checked that no line
+    // carries a source location (Lance appends one to its fence's text).
+    let exit = child
+        .stderr()
+        .lines()
+        .find(|l| l.starts_with("graphsink: error: "))
+        .unwrap_or_default();
+    assert!(exit.contains("fenced"), "exit line: {exit:?}");
 }
 
 /// `/ready` turns false while the dead-letter producer cannot reach its

@@ -612,9 +612,73 @@ async fn lookups_find_every_row_of_generations_flushed_right_after_the_ack(backe
     pool.close().await.unwrap();
 }
 
+/// `read` cut at `--limit` says so on stderr, in every format, and one
+/// that printed every match says nothing more. The commands that only
+/// read the graph need none of Kafka's settings: a `[kafka]` `${VAR}`
+/// nobody set stops `status`, which asks Kafka, and not them.
+async fn a_read_cut_at_its_limit_says_so_and_reads_need_no_kafka(backend: Backend) {
+    let (tg, topic, g, pool, mut dp) = direct(backend).await;
+    let abc = [person("a", 1), person("b", 2), person("c", 3)];
+    write(&pool, &mut dp, PERSON, &topic, 0, &abc).await;
+    fold(&g, &pool).await;
+    let text = std::fs::read_to_string(tg.config_path()).unwrap();
+    assert!(text.contains(broker()), "{text}");
+    let path = tg.dir.path().join("unset-broker.toml");
+    let unset = text.replace(broker(), "${GRAPHSINK_TEST_UNSET_BROKER}");
+    std::fs::write(&path, unset).unwrap();
+    let cli = |args: &[&str]| {
+        let mut cmd = crate::binary::graphsink();
+        cmd.args(args).arg("--config").arg(&path);
+        let out = crate::binary::output(cmd);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out, err)
+    };
+    for format in ["table", "jsonl", "csv"] {
+        let read = |limit: &str| {
+            cli(&[
+                "read", "--type", "Person", "--format", format, "--limit", limit,
+            ])
+        };
+        let (out, err) = read("2");
+        let printed = stdout(&out);
+        let rows = match format {
+            "jsonl" => printed.lines().count(),
+            "csv" => printed.lines().count() - 1,
+            _ => printed.lines().filter(|l| l.starts_with('|')).count() - 1,
+        };
+        assert_eq!(rows, 2, "{format}: {printed}");
+        assert!(
+            err.contains("2 rows printed; more match: --limit 100"),
+            "{format}: {err}"
+        );
+        let (out, err) = read("3");
+        assert!(
+            out.status.success() && !err.contains("more match"),
+            "{format}: {err}"
+        );
+    }
+    for args in [
+        &["log"][..],
+        &["show"],
+        &["rejects"],
+        &["neighbors", "--type", "Person", "--id", "a"],
+    ] {
+        let (out, err) = cli(args);
+        assert!(out.status.success(), "{args:?}: {err}");
+    }
+    let (out, err) = cli(&["status"]);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("GRAPHSINK_TEST_UNSET_BROKER is not set"),
+        "{err}"
+    );
+    pool.close().await.unwrap();
+}
+
 crate::on_every_backend!(
     reads_at_the_head_a_commit_and_fresh,
     hostile_input_is_one_line_and_exit_2,
+    a_read_cut_at_its_limit_says_so_and_reads_need_no_kafka,
     a_fresh_read_racing_folds_never_shows_a_row_twice_or_loses_one,
     lookups_find_every_row_of_generations_flushed_right_after_the_ack
 );

@@ -16,7 +16,7 @@ use clap::{Parser, Subcommand};
 
 use crate::commands;
 use crate::config::{Config, LogFormat};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::redact;
 use args::RejectFilterArgs;
 
@@ -196,7 +196,7 @@ pub fn main() -> ExitCode {
     match rt.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            if let crate::Error::SchemaChanges { changes, .. } = &e {
+            if let Error::SchemaChanges { changes, .. } = &e {
                 for c in changes {
                     eprintln!("  {c}");
                 }
@@ -207,9 +207,9 @@ pub fn main() -> ExitCode {
                 print::one_line(&redact::text(&text))
             );
             ExitCode::from(match e.kind() {
-                crate::ErrorKind::BadConfig => 2,
-                crate::ErrorKind::Fenced => 3,
-                crate::ErrorKind::NotFound => 4,
+                ErrorKind::BadConfig => 2,
+                ErrorKind::Fenced => 3,
+                ErrorKind::NotFound => 4,
                 _ => 1,
             })
         }
@@ -270,8 +270,12 @@ async fn read_rows(config: &Config, read: &args::ReadArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let rows = commands::read::read(config, &read.request()).await?;
-    rows::rows(&rows, read.format)
+    // One row past the limit tells a cut read from a whole one.
+    let mut req = read.request();
+    let limit = req.limit.unwrap_or(usize::MAX);
+    req.limit = Some(limit.saturating_add(1));
+    let rows = commands::read::read(config, &req).await?;
+    rows::rows(&rows, read.format, limit)
 }
 
 /// `graphsink fold`: refused while members run, unless forced.
@@ -312,20 +316,21 @@ async fn dispatch(cmd: Command) -> Result<()> {
             force,
         } => migrate(&config, dry_run, force).await,
         Command::Log { config, limit } => {
-            for c in commands::commits(&Config::load(&config)?, limit).await? {
+            for c in commands::commits(&Config::load_for_reads(&config)?, limit).await? {
                 print::commit(&c);
             }
             Ok(())
         }
         Command::Show { config, commit } => {
-            let config = Config::load(&config)?;
+            let config = Config::load_for_reads(&config)?;
             print::snapshot(&commands::snapshot(&config, commit.as_deref()).await?);
             Ok(())
         }
-        Command::Read { config, read } => read_rows(&Config::load(&config)?, &read).await,
+        Command::Read { config, read } => read_rows(&Config::load_for_reads(&config)?, &read).await,
         Command::Neighbors { config, hop } => {
             let format = hop.format;
-            let n = commands::read::neighbors(&Config::load(&config)?, &hop.request()).await?;
+            let n = commands::read::neighbors(&Config::load_for_reads(&config)?, &hop.request())
+                .await?;
             rows::neighbors(&n, format)
         }
         Command::Status { config, json } => status(&Config::load(&config)?, json).await,
@@ -340,7 +345,8 @@ async fn dispatch(cmd: Command) -> Result<()> {
             json,
         } => {
             let selected =
-                commands::rejects::select(&Config::load(&config)?, &filter.into()).await?;
+                commands::rejects::select(&Config::load_for_reads(&config)?, &filter.into())
+                    .await?;
             print::rejects(&selected, limit, json);
             Ok(())
         }
@@ -372,7 +378,9 @@ async fn status(config: &Config, json: bool) -> Result<()> {
     if !json {
         print::graph_status(&graph);
     }
-    let kafka = commands::status::kafka_status(config).await;
+    let kafka = commands::status::kafka_status(config)
+        .await
+        .map_err(Error::from);
     if json {
         print::status_json(&graph, &kafka);
     } else if let Ok(k) = &kafka {

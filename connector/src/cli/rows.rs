@@ -8,7 +8,7 @@ use arrow::array::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{ArrowError, SchemaRef};
 
-use crate::error::{Context, Result};
+use crate::error::{Context, Error, Result};
 use crate::read::{Direction, Neighbors, Rows};
 
 /// How `read` and `neighbors` print rows.
@@ -23,18 +23,44 @@ pub(super) enum RowFormat {
     Csv,
 }
 
-/// Rows in `format` to stdout; a summary line to stderr.
-pub(super) fn rows(r: &Rows, format: RowFormat) -> Result<()> {
+/// At most `limit` rows in `format` to stdout; a summary line to stderr,
+/// and one more when `r` holds rows past the limit (the read asks for
+/// one more than it prints), so an export cut short says so.
+pub(super) fn rows(r: &Rows, format: RowFormat, limit: usize) -> Result<()> {
+    let shown = first_rows(&r.batches, limit);
     let mut out = std::io::stdout().lock();
-    write_rows(&mut out, &r.schema, &r.batches, format)?;
+    write_rows(&mut out, &r.schema, &shown, format)?;
+    let printed: usize = shown.iter().map(RecordBatch::num_rows).sum();
     eprintln!(
-        "{} row(s) of {} at graph commit {} (seq {})",
-        r.num_rows(),
-        r.table,
-        r.commit.id,
-        r.commit.seq
+        "{printed} row(s) of {} at graph commit {} (seq {})",
+        r.table, r.commit.id, r.commit.seq
     );
+    if let Some(note) = more_match(r.num_rows(), limit) {
+        eprintln!("{note}");
+    }
     Ok(())
+}
+
+/// The line a read cut at `--limit` prints, when more rows matched.
+fn more_match(read: usize, limit: usize) -> Option<String> {
+    (read > limit).then(|| {
+        let more = limit.saturating_mul(10).max(100);
+        format!("{limit} rows printed; more match: --limit {more}")
+    })
+}
+
+/// The first `n` rows of `batches`.
+fn first_rows(batches: &[RecordBatch], mut n: usize) -> Vec<RecordBatch> {
+    let mut out = Vec::new();
+    for b in batches {
+        if n == 0 {
+            break;
+        }
+        let take = n.min(b.num_rows());
+        out.push(b.slice(0, take));
+        n -= take;
+    }
+    out
 }
 
 /// One hop, per (edge type, direction): the edges, then their other ends.
@@ -157,7 +183,7 @@ fn json_lines(batches: &[RecordBatch]) -> Result<Vec<String>> {
         w.write(b).ctx("rows as JSON")?;
     }
     w.finish().ctx("rows as JSON")?;
-    let text = String::from_utf8(w.into_inner()).map_err(|e| crate::Error::Bug(e.to_string()))?;
+    let text = String::from_utf8(w.into_inner()).map_err(|e| Error::Bug(e.to_string()))?;
     Ok(text.lines().map(str::to_string).collect())
 }
 
@@ -213,6 +239,28 @@ mod tests {
         assert_eq!(
             printed(RowFormat::Jsonl),
             "{\"id\":\"a,b\",\"age\":3}\n{\"id\":\"say \\\"hi\\\"\"}\n"
+        );
+    }
+
+    #[test]
+    fn a_read_past_its_limit_prints_the_limit_and_says_more_match() {
+        let b = batch();
+        let two = [b.clone(), b];
+        let rows = |n| {
+            first_rows(&two, n)
+                .iter()
+                .map(RecordBatch::num_rows)
+                .sum::<usize>()
+        };
+        assert_eq!((rows(0), rows(1), rows(3), rows(9)), (0, 1, 3, 4));
+        assert_eq!(
+            more_match(101, 100).as_deref(),
+            Some("100 rows printed; more match: --limit 1000")
+        );
+        assert_eq!(more_match(100, 100), None);
+        assert_eq!(
+            more_match(1, 0).as_deref(),
+            Some("0 rows printed; more match: --limit 100")
         );
     }
 

@@ -10,7 +10,7 @@ pub(crate) mod rejects;
 pub(crate) mod status;
 
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{Error, PublicResult, Result};
 use crate::graph::{self, Graph, GraphCommit};
 use crate::retention;
 pub(crate) use crate::retention::{GcReport, TableGc};
@@ -29,23 +29,23 @@ pub struct CheckSummary {
 
 /// Validates the config and the schema: every mapping must build its
 /// decoder, and a registry format's subject must resolve to its type.
-pub async fn check(config: &Config) -> Result<CheckSummary> {
+pub async fn check(config: &Config) -> PublicResult<CheckSummary> {
     let schema = load_schema(config).await?;
     for m in &config.mappings {
         crate::decode::RecordDecoder::new(&schema, m, 1, config.errors.max_record_bytes)?;
     }
     check_subjects(config, &schema).await?;
-    let plan = match Graph::open_configured(config).await {
+    let plan = match Graph::open_configured(config).await.map_err(Error::from) {
         Ok(g) => g.schema_plan(&schema).await?,
         // No graph yet: the first run creates it from this schema.
         Err(Error::Config(_)) => graph::SchemaPlan::default(),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
     // What graphsink applies at all (`run` under `evolve = "none"`
     // leaves it to `graphsink migrate`).
     let refused = plan.refused(crate::config::Evolve::Additive);
     if !refused.is_empty() {
-        return Err(graph::refusal(&config.root_uri(), &refused));
+        return Err(graph::refusal(&config.root_uri(), &refused).into());
     }
     Ok(CheckSummary {
         mappings: config.mappings.len(),
@@ -159,7 +159,7 @@ pub(crate) async fn refuse_if_members(config: &Config) -> Result<()> {
 
 /// Folds everything durable into one graph commit, offline; `None` when
 /// there was nothing to fold.
-pub async fn fold_offline(config: &Config) -> Result<Option<GraphCommit>> {
+pub async fn fold_offline(config: &Config) -> PublicResult<Option<GraphCommit>> {
     let schema = GraphSchema::load(&config.schema_path())?;
     let graph = Graph::open_or_init(config, schema).await?;
     let policies = crate::fold::Policies::from_config(config);
@@ -170,10 +170,10 @@ pub async fn fold_offline(config: &Config) -> Result<Option<GraphCommit>> {
 /// not the fold loop's retention is enabled); with `dry_run`, deletes
 /// nothing and reports what it would delete. Safe against a running
 /// connector: it claims no shard (docs/retention.md).
-pub async fn gc(config: &Config, dry_run: bool) -> Result<GcReport> {
+pub async fn gc(config: &Config, dry_run: bool) -> PublicResult<GcReport> {
     let graph = Graph::open_configured(config).await?;
     let window = (&config.retention).into();
-    retention::collect(&graph, &window, &Default::default(), dry_run).await
+    Ok(retention::collect(&graph, &window, &Default::default(), dry_run).await?)
 }
 
 /// What `graphsink migrate` did, or with `dry_run` would do.
@@ -195,7 +195,7 @@ pub struct MigrateReport {
 /// does (a fold to quiescence, then the schema commit), whatever
 /// `[graph] evolve` says; with `dry_run`, only the plan. It claims every
 /// shard: the CLI refuses while the group has members unless `--force`.
-pub async fn migrate(config: &Config, dry_run: bool) -> Result<MigrateReport> {
+pub async fn migrate(config: &Config, dry_run: bool) -> PublicResult<MigrateReport> {
     Graph::open_configured(config).await?; // an existing graph, not a new one
     let mut config = config.clone();
     let schema = load_schema(&config).await?;
@@ -236,7 +236,7 @@ pub async fn migrate(config: &Config, dry_run: bool) -> Result<MigrateReport> {
 }
 
 /// Graph commits, newest first, at most `limit`.
-pub async fn commits(config: &Config, limit: usize) -> Result<Vec<GraphCommit>> {
+pub async fn commits(config: &Config, limit: usize) -> PublicResult<Vec<GraphCommit>> {
     let graph = Graph::open_configured(config).await?;
     Ok(graph.commits().await?.into_iter().take(limit).collect())
 }
@@ -258,7 +258,7 @@ pub struct Snapshot {
 }
 
 /// Row counts per table at the head, or at `commit`.
-pub async fn snapshot(config: &Config, commit: Option<&str>) -> Result<Snapshot> {
+pub async fn snapshot(config: &Config, commit: Option<&str>) -> PublicResult<Snapshot> {
     let graph = Graph::open_configured(config).await?;
     let commit = match commit {
         Some(id) => graph.commit(id).await?,

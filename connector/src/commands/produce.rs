@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{Error, PublicResult, Result};
 use crate::kafka::produce::{self, KeyValue};
 
 /// One line of a `produce` file.
@@ -25,7 +25,7 @@ pub async fn produce_file(
     topic: &str,
     file: &Path,
     partitions: i32,
-) -> Result<usize> {
+) -> PublicResult<usize> {
     produce::ensure_topic(config, topic, partitions).await?;
     let text = std::fs::read_to_string(file)
         .map_err(|e| Error::config(format!("cannot read {}: {e}", file.display())))?;

@@ -3,7 +3,7 @@
 //! records. It knows the table's columns through `rejects`, not by hand.
 
 use crate::config::Config;
-use crate::error::Result;
+use crate::error::{PublicResult, Result};
 use crate::graph::{Graph, GraphCommit};
 use crate::rejects::{self, Reject, Stage};
 use crate::schema::REJECTS_TABLE;
@@ -49,10 +49,10 @@ fn sql_timestamp(ms: i64) -> String {
 
 /// The rejects at the head commit that match `filter`, oldest first (by
 /// `rejected_at`, then source coordinates).
-pub async fn select(config: &Config, filter: &RejectFilter) -> Result<Vec<Reject>> {
+pub async fn select(config: &Config, filter: &RejectFilter) -> PublicResult<Vec<Reject>> {
     let graph = Graph::open_configured(config).await?;
     let head = graph.head().await?;
-    select_at(&graph, &head, filter).await
+    Ok(select_at(&graph, &head, filter).await?)
 }
 
 async fn select_at(
@@ -101,7 +101,7 @@ pub async fn select_replay(
     config: &Config,
     filter: &RejectFilter,
     limit: Option<usize>,
-) -> Result<ReplaySelection> {
+) -> PublicResult<ReplaySelection> {
     let mut selected = select(config, filter).await?;
     if let Some(n) = limit {
         selected.truncate(n);
@@ -117,11 +117,11 @@ pub async fn select_replay(
 
 /// Re-produces the original records of `rejects` to `topic`; every
 /// delivery is awaited.
-pub async fn replay(config: &Config, topic: &str, rejects: &[Reject]) -> Result<()> {
+pub async fn replay(config: &Config, topic: &str, rejects: &[Reject]) -> PublicResult<()> {
     if rejects.is_empty() {
         return Ok(());
     }
-    crate::kafka::produce::replay(config, topic, rejects).await
+    Ok(crate::kafka::produce::replay(config, topic, rejects).await?)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 use lance::dataset::mem_wal::DatasetMemWalExt;
 
 use crate::config::Config;
-use crate::error::{Context, Result};
+use crate::error::{Context, PublicResult, Result};
 use crate::graph::{Graph, GraphCommit};
 use crate::kafka::queries::{GroupMembers, MissingTopic};
 use crate::kafka::OffsetQueries;
@@ -120,7 +120,7 @@ impl KafkaStatus {
 }
 
 /// The head commit, its deferred edges and its reject count.
-pub async fn graph_status(config: &Config) -> Result<GraphStatus> {
+pub async fn graph_status(config: &Config) -> PublicResult<GraphStatus> {
     let graph = Graph::open_configured(config).await?;
     let head = graph.head().await?;
     let now = now_ms();
@@ -229,7 +229,7 @@ async fn shard_states(graph: &Graph, head: &GraphCommit) -> Result<Vec<ShardStat
 
 /// Committed offsets of the config's group and watermarks of every
 /// partition of the mapped topics.
-pub async fn kafka_status(config: &Config) -> Result<KafkaStatus> {
+pub async fn kafka_status(config: &Config) -> PublicResult<KafkaStatus> {
     let queries = OffsetQueries::connect(config)?;
     let mut topics: Vec<String> = config.mappings.iter().map(|m| m.topic.clone()).collect();
     topics.sort();

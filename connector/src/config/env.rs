@@ -3,6 +3,17 @@
 
 use super::*;
 
+/// The text of a config file and the directory its relative paths
+/// resolve against.
+pub(super) fn read_file(path: &Path) -> Result<(String, PathBuf)> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::config(format!("cannot read {}: {e}", path.display())))?;
+    let base_dir = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    Ok((text, base_dir))
+}
 /// One section of a config file, read before the config itself is loaded
 /// (for what start-up needs first); `None` when it cannot be read.
 pub(super) fn early_section(path: &Path, name: &str) -> Option<toml::Value> {
@@ -31,6 +42,25 @@ pub(crate) fn resolve_uri(root: &str, base_dir: &Path) -> String {
         .to_string_lossy()
         .trim_end_matches('/')
         .to_string()
+}
+/// One spelling of a graph root, for what must name the graph rather than
+/// the config's way of writing it (the fold-reject producer's
+/// `transactional.id`): a local path without `file://`, `.` and `..`
+/// resolved, no trailing `/`. `uri` is a root as `resolve_uri` gives it
+/// (relative paths already made absolute).
+pub(crate) fn canonical_root(uri: &str) -> String {
+    let (scheme, path) = match uri.split_once("://") {
+        Some(("file", path)) => ("", path),
+        Some((scheme, path)) => (scheme, path),
+        None => ("", uri),
+    };
+    let path = normalize(Path::new(path)).to_string_lossy().into_owned();
+    let path = path.trim_end_matches('/');
+    if scheme.is_empty() {
+        path.to_string()
+    } else {
+        format!("{scheme}://{path}")
+    }
 }
 /// Lexical `.`/`..` removal, so URIs stay stable without touching the disk.
 pub(super) fn normalize(p: &Path) -> PathBuf {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PublicResult, Result};
 use crate::redact;
 
 mod change;
@@ -101,17 +101,52 @@ impl Config {
     }
 
     /// Reads, expands `${VAR}` in string values, parses and validates.
-    pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::config(format!("cannot read {}: {e}", path.display())))?;
-        let base_dir = path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
+    pub fn load(path: &Path) -> PublicResult<Config> {
+        let (text, base_dir) = read_file(path)?;
         Self::from_toml(&text, &base_dir)
     }
 
-    pub fn from_toml(text: &str, base_dir: &Path) -> Result<Config> {
+    /// `[graph]` alone, for the commands that only read the graph (`read`,
+    /// `neighbors`, `log`, `show`, `rejects`): no other section is resolved
+    /// or checked, so a `${VAR}` that only Kafka's settings use need not be
+    /// set where the graph is read. Every other section is its default,
+    /// with no `[kafka]` and no mapping: not a config to run with.
+    pub(crate) fn load_for_reads(path: &Path) -> Result<Config> {
+        let (text, base_dir) = read_file(path)?;
+        Self::graph_of_toml(&text, &base_dir)
+    }
+
+    fn graph_of_toml(text: &str, base_dir: &Path) -> Result<Config> {
+        let mut file: toml::Table =
+            toml::from_str(text).map_err(|e| Error::config(one_line(&e.to_string())))?;
+        let mut graph = file
+            .remove("graph")
+            .ok_or_else(|| Error::config("missing section [graph]"))?;
+        expand_env(&mut graph, "graph")?;
+        let graph: GraphSettings = graph.try_into().map_err(|e: toml::de::Error| {
+            Error::config(format!("graph: {}", one_line(&e.to_string())))
+        })?;
+        let config = Config {
+            graph,
+            kafka: BTreeMap::new(),
+            wal: WalSettings::default(),
+            fold: FoldSettings::default(),
+            offsets: OffsetSettings::default(),
+            errors: ErrorSettings::default(),
+            retention: RetentionSettings::default(),
+            http: HttpSettings::default(),
+            log: LogSettings::default(),
+            runtime: RuntimeSettings::default(),
+            schema_registry: SchemaRegistrySettings::default(),
+            mappings: Vec::new(),
+            base_dir: base_dir.to_path_buf(),
+        };
+        config.register_secrets();
+        config.validate_root()?;
+        Ok(config)
+    }
+
+    pub fn from_toml(text: &str, base_dir: &Path) -> PublicResult<Config> {
         let mut value: toml::Value =
             toml::from_str(text).map_err(|e| Error::config(one_line(&e.to_string())))?;
         expand_env(&mut value, "")?;

@@ -289,6 +289,32 @@ fn env_expansion_and_missing_var() {
     assert!(e.to_string().contains("GS_TEST_NOPE_UNSET"), "{e}");
 }
 
+/// The commands that only read the graph resolve `[graph]` alone: a
+/// `${VAR}` that `[kafka]` uses and nobody set fails a full load (naming
+/// it), not a read's; one in `[graph]` must still be set.
+#[test]
+fn a_read_resolves_only_the_graph_section() {
+    std::env::set_var("GS_TEST_READ_ROOT", "from-env");
+    let t = MIN
+        .replace("127.0.0.1:9092", "${GS_TEST_UNSET_BROKER}")
+        .replace("\"data/graph\"", "\"${GS_TEST_READ_ROOT}/graph/\"");
+    let e = Config::from_toml(&t, Path::new("/etc/gs")).unwrap_err();
+    assert!(e.to_string().contains("GS_TEST_UNSET_BROKER"), "{e}");
+    let c = Config::graph_of_toml(&t, Path::new("/etc/gs")).unwrap();
+    assert_eq!(c.root_uri(), "/etc/gs/from-env/graph");
+    assert_eq!(c.schema_path(), Path::new("/etc/gs/social.pg"));
+    assert!(c.kafka.is_empty() && c.mappings.is_empty());
+    let t = t.replace("${GS_TEST_READ_ROOT}", "${GS_TEST_UNSET_ROOT}");
+    let e = Config::graph_of_toml(&t, Path::new("/etc/gs")).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("graph.root: environment variable GS_TEST_UNSET_ROOT"),
+        "{e}"
+    );
+    let e = Config::graph_of_toml("[kafka]\n", Path::new("/")).unwrap_err();
+    assert!(e.to_string().contains("[graph]"), "{e}");
+}
+
 #[test]
 fn key_forms_parse() {
     let t = MIN.replace(

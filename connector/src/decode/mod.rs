@@ -70,7 +70,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 
 use crate::config::{KeyOrigin, KeySource, Mapping, Partitioner, ValueFormatName};
-use crate::error::{Error, Result};
+use crate::error::{Error, PublicResult, Result};
 use crate::registry;
 use crate::rejects::{owned_headers, Origin, Reject, RejectCode};
 use crate::schema::{GraphSchema, GraphType, TypeKind};
@@ -235,7 +235,7 @@ impl RecordDecoder {
         mapping: &Mapping,
         batch_size: usize,
         max_record_bytes: usize,
-    ) -> Result<RecordDecoder> {
+    ) -> PublicResult<RecordDecoder> {
         let ty = schema.get(mapping.type_name()).ok_or_else(|| {
             Error::config(format!(
                 "mapping for topic {}: type {:?} is not in the schema",
@@ -248,13 +248,15 @@ impl RecordDecoder {
                 return Err(Error::config(format!(
                     "mapping for topic {}: {} is a node type; use node = ...",
                     mapping.topic, ty.name
-                )))
+                ))
+                .into())
             }
             TypeKind::Edge if !mapping.is_edge() => {
                 return Err(Error::config(format!(
                     "mapping for topic {}: {} is an edge type; use edge = ...",
                     mapping.topic, ty.name
-                )))
+                ))
+                .into())
             }
             TypeKind::Node => shape::node_fields(ty, mapping)?,
             TypeKind::Edge => shape::edge_fields(schema, ty, mapping)?,
@@ -400,7 +402,7 @@ impl RecordDecoder {
 
     /// Decodes a whole poll. Records that cannot become rows are returned as
     /// rejects; the rest still go out as one batch.
-    pub fn decode(&mut self, records: &[SourceRecord<'_>]) -> Result<Decoded> {
+    pub fn decode(&mut self, records: &[SourceRecord<'_>]) -> PublicResult<Decoded> {
         let (mut out, rejects) = match self.unwrap.take() {
             None => self.decode_records(records)?,
             Some(mut unwrap) => {

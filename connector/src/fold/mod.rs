@@ -38,7 +38,7 @@ mod task;
 mod write;
 
 use crate::config::Tolerance;
-use crate::error::{Error, Result};
+use crate::error::{Error, PublicResult, Result};
 use crate::failpoints;
 use crate::graph::{Graph, GraphCommit};
 use crate::rejects::Reject;
@@ -92,7 +92,7 @@ pub struct StageTimes {
 
 /// Executes a plan: read → check → write → publish. Idempotent: tables
 /// whose last pass of this plan is committed are not written again.
-pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Result<Folded> {
+pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> PublicResult<Folded> {
     // The policies the plan was made under, whoever executes it: a
     // roll-forward that decided otherwise would skip the tables the
     // interrupted attempt wrote (its `_ingest_rejects` among them) and
@@ -125,7 +125,7 @@ pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Res
         .collect::<Result<_>>()?;
     if policies.tolerance == Tolerance::None {
         if let Some(r) = rejects.first() {
-            return Err(r.intolerable());
+            return Err(r.intolerable().into());
         }
     }
     // A record read again after a crash is folded again, into a later

@@ -3,7 +3,7 @@
 //! while the consumer group has members unless `--force`.
 
 use super::{execute, plan, Policies};
-use crate::error::Result;
+use crate::error::PublicResult;
 use crate::graph::{Graph, GraphCommit};
 use crate::offsets::WrittenSpans;
 use crate::shards;
@@ -15,7 +15,7 @@ pub async fn fold_offline(
     policies: &Policies,
     wal: &crate::config::WalSettings,
     actor: &str,
-) -> Result<Option<GraphCommit>> {
+) -> PublicResult<Option<GraphCommit>> {
     super::recover(graph, policies).await?;
     let pool = shards::ShardPool::open(graph, wal, &graph.wal_tables()).await?;
     pool.close().await?;

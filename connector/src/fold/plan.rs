@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::rows::{pending_since, read_all};
 use super::Policies;
-use crate::error::{Context, Result};
+use crate::error::{Context, PublicResult, Result};
 use crate::graph::{new_commit_id, Graph, GraphCommit};
 use crate::offsets::WrittenSpans;
 use crate::schema::{pending_table, PENDING_SINCE};
@@ -96,7 +96,7 @@ pub async fn plan(
     cut: &Cut,
     spans: &WrittenSpans,
     actor: &str,
-) -> Result<Option<FoldPlan>> {
+) -> PublicResult<Option<FoldPlan>> {
     let mut tables = Vec::new();
     for table in graph.wal_tables() {
         let shards = plan_table(graph, &table, cut).await?;

@@ -33,7 +33,7 @@ pub(crate) async fn recover(graph: &Graph, policies: &Policies) -> Result<Option
         return Ok(None);
     }
     tracing::warn!(commit = %plan.commit_id, "rolling forward a fold interrupted before its publish");
-    match execute(graph, policies, &plan).await {
+    match execute(graph, policies, &plan).await.map_err(Error::from) {
         Ok(f) => Ok(Some(f.commit)),
         // Two folders at once (a hand-off, a folder that was frozen): the
         // other published first. Rolling forward would meet the same

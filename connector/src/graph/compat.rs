@@ -9,7 +9,7 @@ use arrow_schema::Schema;
 use lance::dataset::mem_wal::DatasetMemWalExt;
 
 use crate::config::{Config, Evolve, Sharding};
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Error, PublicResult, Result};
 use crate::schema::{pending_table, same_columns, GraphSchema, TableLayout};
 
 use super::evolve::{self, Change, Class};
@@ -44,7 +44,7 @@ impl Graph {
     /// What changed between the schema the graph recorded at creation and
     /// `schema`. Empty for a graph with no record, or a record this
     /// version cannot parse (the table checks then decide alone).
-    pub async fn schema_plan(&self, schema: &GraphSchema) -> Result<SchemaPlan> {
+    pub async fn schema_plan(&self, schema: &GraphSchema) -> PublicResult<SchemaPlan> {
         let Some(record) = self.record().await? else {
             return Ok(SchemaPlan::default());
         };
@@ -67,7 +67,8 @@ impl Graph {
                      schema (graphsink log shows each schema commit)",
                     self.head().await?.schema_version
                 ),
-            });
+            }
+            .into());
         }
         Ok(SchemaPlan {
             changes: evolve::diff(&old, schema),

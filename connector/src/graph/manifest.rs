@@ -14,7 +14,7 @@ use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched};
 use lance::Dataset;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Error, PublicResult, Result};
 use crate::schema::{manifest_schema, MANIFEST_PK, MANIFEST_TABLE};
 pub(super) use crate::types::OffsetRange;
 use crate::types::{now_ms, PartitionOffsets};
@@ -94,9 +94,9 @@ pub struct TableStats {
 }
 
 impl Graph {
-    pub async fn head(&self) -> Result<GraphCommit> {
+    pub async fn head(&self) -> PublicResult<GraphCommit> {
         let ds = self.open_manifest().await?;
-        self.head_at(&ds).await
+        Ok(self.head_at(&ds).await?)
     }
 
     async fn head_at(&self, ds: &Dataset) -> Result<GraphCommit> {
@@ -114,9 +114,9 @@ impl Graph {
         self.commit_at(ds, &id).await
     }
 
-    pub async fn commit(&self, id: &str) -> Result<GraphCommit> {
+    pub async fn commit(&self, id: &str) -> PublicResult<GraphCommit> {
         let ds = self.open_manifest().await?;
-        self.commit_at(&ds, id).await
+        Ok(self.commit_at(&ds, id).await?)
     }
 
     async fn commit_at(&self, ds: &Dataset, id: &str) -> Result<GraphCommit> {
@@ -130,7 +130,7 @@ impl Graph {
 
     /// The dead-letter delivery mark: every fold reject of commits up to
     /// this seq was produced.
-    pub async fn dead_letters_delivered(&self) -> Result<u64> {
+    pub async fn dead_letters_delivered(&self) -> PublicResult<u64> {
         let ds = self.open_manifest().await?;
         let head = self.head_at(&ds).await?;
         let rows = read_rows(&ds, &format!("object_id = '{DELIVERED_ID}'")).await?;
@@ -171,7 +171,7 @@ impl Graph {
     }
 
     /// All commits, newest first.
-    pub async fn commits(&self) -> Result<Vec<GraphCommit>> {
+    pub async fn commits(&self) -> PublicResult<Vec<GraphCommit>> {
         let ds = self.open_manifest().await?;
         let mut out: Vec<GraphCommit> = read_rows(&ds, "kind = 'graph_commit'")
             .await?

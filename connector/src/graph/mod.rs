@@ -24,7 +24,7 @@ use std::sync::Arc;
 use lance::Dataset;
 
 use crate::config::Config;
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Error, PublicResult, Result};
 use crate::schema::{GraphSchema, MANIFEST_TABLE};
 use crate::store::Store;
 
@@ -68,7 +68,7 @@ impl Graph {
     /// Opens the graph, creating it on first start; refuses an incompatible
     /// one. Under `wal.sharding = "partition"` a new graph needs its
     /// topics' partition counts: see `open_or_init_with`.
-    pub async fn open_or_init(config: &Config, schema: GraphSchema) -> Result<Graph> {
+    pub async fn open_or_init(config: &Config, schema: GraphSchema) -> PublicResult<Graph> {
         Graph::open_or_init_with(config, schema, None).await
     }
 
@@ -79,7 +79,7 @@ impl Graph {
         config: &Config,
         schema: GraphSchema,
         partitions: Option<&BTreeMap<String, u32>>,
-    ) -> Result<Graph> {
+    ) -> PublicResult<Graph> {
         let layout = shard_layout(config, &schema, partitions)?;
         // Debug of the options shows harmless values only (no credentials).
         tracing::info!(root = %config.root_uri(), storage_options = ?config.graph.storage_options, sharding = layout.sharding.as_str(), "opening graph");
@@ -94,7 +94,7 @@ impl Graph {
         match graph.open_manifest().await {
             Ok(_) => graph.check_compatible(config).await?,
             Err(e) if is_not_found(&e) => graph.init_once(config).await?,
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
         graph.adopt_record().await?;
         Ok(graph)
@@ -116,7 +116,7 @@ impl Graph {
     }
 
     /// Opens an existing graph for reading (log, show) without a schema file.
-    pub async fn open_readonly(root: String, store: Store) -> Result<Graph> {
+    pub async fn open_readonly(root: String, store: Store) -> PublicResult<Graph> {
         let graph = Graph {
             root,
             store,
@@ -141,7 +141,7 @@ impl Graph {
     }
 
     /// Opens the existing graph a config names, for reading.
-    pub async fn open_configured(config: &Config) -> Result<Graph> {
+    pub async fn open_configured(config: &Config) -> PublicResult<Graph> {
         Graph::open_readonly(config.root_uri(), Store::new(&config.graph.storage_options)).await
     }
 
@@ -168,20 +168,20 @@ impl Graph {
         format!("{}/{}", self.root, table)
     }
 
-    pub async fn open_table(&self, table: &str, version: Option<u64>) -> Result<Dataset> {
+    pub async fn open_table(&self, table: &str, version: Option<u64>) -> PublicResult<Dataset> {
         let uri = self.table_uri(table);
         let ds = self.store.open(&uri).await.ctx(format!("open {uri}"))?;
-        match version {
+        Ok(match version {
             Some(v) if v != ds.version().version => ds
                 .checkout_version(v)
                 .await
-                .ctx(format!("open {uri} at version {v}")),
-            _ => Ok(ds),
-        }
+                .ctx(format!("open {uri} at version {v}"))?,
+            _ => ds,
+        })
     }
 
     async fn open_manifest(&self) -> Result<Dataset> {
-        self.open_table(MANIFEST_TABLE, None).await
+        Ok(self.open_table(MANIFEST_TABLE, None).await?)
     }
 }
 
@@ -210,7 +210,7 @@ pub(crate) async fn open_pinned(
     graph
         .open_table(table, Some(version))
         .await
-        .map_err(|e| match e {
+        .map_err(|e| match Error::from(e) {
             Error::Lance { source, .. } if is_version_gone(&source) => Error::CommitExpired {
                 commit: commit.id.clone(),
                 table: table.to_string(),
@@ -225,7 +225,10 @@ fn is_version_gone(e: &lance::Error) -> bool {
 }
 
 /// Row counts of every table at a commit (for `graphsink show`).
-pub async fn row_counts(graph: &Graph, commit: &GraphCommit) -> Result<HashMap<String, usize>> {
+pub async fn row_counts(
+    graph: &Graph,
+    commit: &GraphCommit,
+) -> PublicResult<HashMap<String, usize>> {
     let mut out = HashMap::new();
     for table in commit.tables.keys() {
         let ds = open_pinned(graph, commit, table).await?;

@@ -43,9 +43,11 @@ const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The fold-reject producer's `transactional.id` for a graph: one per
 /// graph, so each new folder fences the one before it. Derived from the
-/// root, which names the graph.
+/// root, which names the graph, in one spelling (`canonical_root`): two
+/// members that spell it differently must still fence each other.
 pub(crate) fn fold_transactional_id(graph_root: &str) -> String {
-    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, graph_root.as_bytes());
+    let root = crate::config::canonical_root(graph_root);
+    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, root.as_bytes());
     format!("graphsink-fold-{id}")
 }
 
@@ -745,4 +747,38 @@ fn refuses_transactions(e: &KafkaError) -> bool {
                 | RDKafkaErrorCode::InvalidRequest
         )
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::fold_transactional_id;
+    use crate::config::resolve_uri;
+
+    /// Two spellings of one root give one `transactional.id`, or two
+    /// folders of one graph would not fence each other and a frozen one's
+    /// late produce would show a reject twice.
+    #[test]
+    fn one_root_spelled_any_way_gives_one_transactional_id() {
+        let base = Path::new("/srv/gs");
+        let id = |root: &str| fold_transactional_id(&resolve_uri(root, base));
+        let one = id("/srv/gs/graph");
+        for root in [
+            "graph",
+            "./graph",
+            "graph/",
+            "./graph/.",
+            "/srv/gs/graph/",
+            "/srv/gs/x/../graph",
+            "file:///srv/gs/graph",
+            "file:///srv/gs/graph/",
+            "file:///srv/gs/./graph",
+        ] {
+            assert_eq!(id(root), one, "{root}");
+        }
+        assert_ne!(id("/srv/gs/other"), one);
+        assert_eq!(id("s3://bucket/g/"), id("s3://bucket/./g"));
+        assert_ne!(id("s3://bucket/g"), one);
+    }
 }

@@ -45,7 +45,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::error::{ErrorKind, Result};
+use crate::error::{ErrorKind, PublicResult, Result};
 use crate::fold::FoldLoop;
 use crate::graph::GraphCommit;
 use crate::kafka::consumer;
@@ -85,7 +85,7 @@ pub struct RunSummary {
 
 /// Runs the connector until `shutdown` is cancelled, then drains: stops
 /// fetching, awaits in-flight durability, commits, closes the writers.
-pub async fn run(config: Config, shutdown: CancellationToken) -> Result<RunSummary> {
+pub async fn run(config: Config, shutdown: CancellationToken) -> PublicResult<RunSummary> {
     run_with(config, RunOptions::default(), shutdown).await
 }
 
@@ -93,7 +93,7 @@ pub async fn run_with(
     config: Config,
     options: RunOptions,
     shutdown: CancellationToken,
-) -> Result<RunSummary> {
+) -> PublicResult<RunSummary> {
     let mut total = RunSummary::default();
     let mut backoff = Backoff::new(config.graph.storage_retry_max_backoff);
     let kafka_stats = options.kafka_statistics;
@@ -123,7 +123,7 @@ pub async fn run_with(
                 metrics.fenced();
                 tracing::error!(event = "fenced", error = %e, "fenced: another writer claimed a shard; this run stops acking");
             }
-            return Err(e);
+            return Err(e.into());
         };
         let delay = backoff.next(why, started.elapsed());
         metrics.session_restarted();
@@ -132,7 +132,7 @@ pub async fn run_with(
         }
         why.say(&e, delay);
         tokio::select! {
-            _ = shutdown.cancelled() => return Err(e),
+            _ = shutdown.cancelled() => return Err(e.into()),
             _ = tokio::time::sleep(delay) => {}
         }
     }

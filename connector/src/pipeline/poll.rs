@@ -121,9 +121,9 @@ impl RunLoop<'_> {
             tracing::debug!(reject_id = %r.reject_id, code = r.code.as_str(), message = %r.message, "rejected");
             self.metrics.rejected(r.stage.as_str(), r.code.as_str());
         }
-        self.pool.tables[REJECTS_TABLE]
+        Ok(self.pool.tables[REJECTS_TABLE]
             .put(rejects::to_batch(rejects))
-            .await
+            .await?)
     }
 
     /// Counts rejects; past `errors.max_rejects_per_minute`, pauses fetching.
@@ -167,7 +167,7 @@ impl RunLoop<'_> {
                 let mut moved = Vec::new();
                 for w in writes {
                     let (table, bucket) = (w.table.clone(), w.bucket);
-                    match w.wait().await {
+                    match w.wait().await.map_err(Error::from) {
                         Ok(()) => {}
                         Err(e) if e.kind() == ErrorKind::Fenced => moved.push((table, bucket, e)),
                         Err(e) => return Err(e),

@@ -240,7 +240,7 @@ impl<'a> RunLoop<'a> {
     pub(super) async fn cut(&mut self, req: CutRequest) {
         let result = match self.pool.freeze_all().await {
             Ok(frozen) => Ok(self.since_cut.cut(frozen)),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         };
         let _ = req.send(result);
     }

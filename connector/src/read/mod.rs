@@ -19,7 +19,7 @@ use futures::TryStreamExt;
 use lance::dataset::scanner::Scanner;
 use lance::Dataset;
 
-use crate::error::{Context, Error, Result};
+use crate::error::{shown, Context, Error, PublicResult, Result};
 use crate::graph::{open_pinned, Graph, GraphCommit};
 use crate::schema::ID;
 
@@ -77,10 +77,10 @@ impl Rows {
 
 impl Graph {
     /// Rows of one type at the head, at a commit, or fresh.
-    pub async fn read(&self, req: &ReadRequest) -> Result<Rows> {
+    pub async fn read(&self, req: &ReadRequest) -> PublicResult<Rows> {
         let (commit, table) = self.read_target(req).await?;
         if req.at == ReadAt::Fresh {
-            return fresh::read(self, commit, table, req).await;
+            return Ok(fresh::read(self, commit, table, req).await?);
         }
         let ds = open_pinned(self, &commit, &table).await?;
         let schema = output_schema(&ds, req.columns.as_deref(), false)?;
@@ -98,14 +98,14 @@ impl Graph {
     /// The access path a read takes, as Lance plans it (`graphsink read
     /// --explain`): whether `--id` probes the id index (`ScalarIndexQuery`)
     /// or a fresh lookup goes through the point-lookup planner.
-    pub async fn explain(&self, req: &ReadRequest) -> Result<String> {
+    pub async fn explain(&self, req: &ReadRequest) -> PublicResult<String> {
         let (commit, table) = self.read_target(req).await?;
         if req.at == ReadAt::Fresh {
-            return fresh::explain(self, &commit, &table, req).await;
+            return Ok(fresh::explain(self, &commit, &table, req).await?);
         }
         let ds = open_pinned(self, &commit, &table).await?;
         let scan = pinned_scanner(&ds, req).await?;
-        scan.explain_plan(true).await.ctx(ds.uri())
+        Ok(scan.explain_plan(true).await.ctx(ds.uri())?)
     }
 
     /// The commit a read is at (the head's, for a fresh read: its base)
@@ -169,7 +169,7 @@ pub(crate) fn sql_string(s: &str) -> String {
 /// A filter Lance refused to plan: the user's to fix, so a config-class
 /// error (exit 2), on one line.
 pub(crate) fn bad_filter(filter: &str, e: impl std::fmt::Display) -> Error {
-    let text = e.to_string();
+    let text = shown(&e);
     let text = text.lines().next().unwrap_or_default();
     Error::config(format!("--filter {filter:?} cannot be read: {text}"))
 }

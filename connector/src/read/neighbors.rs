@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use arrow::array::{Array, StringArray};
 
 use super::{sql_string, ReadAt, ReadRequest, Rows};
-use crate::error::{Error, Result};
+use crate::error::{Error, PublicResult, Result};
 use crate::graph::Graph;
 use crate::schema::GraphSchema;
 
@@ -58,7 +58,7 @@ pub struct Neighbors {
 impl Graph {
     /// One hop from a node, with the graph's schema (a graph opened for
     /// reading without one must use `one_hop` with the config's).
-    pub async fn neighbors(&self, req: &NeighborsRequest) -> Result<Neighbors> {
+    pub async fn neighbors(&self, req: &NeighborsRequest) -> PublicResult<Neighbors> {
         one_hop(self, &self.schema.clone(), req).await
     }
 }
@@ -68,16 +68,14 @@ pub async fn one_hop(
     graph: &Graph,
     schema: &GraphSchema,
     req: &NeighborsRequest,
-) -> Result<Neighbors> {
+) -> PublicResult<Neighbors> {
     let node = schema
         .nodes()
         .find(|t| t.name == req.type_name)
         .ok_or_else(|| Error::config(format!("no node type {:?} in the schema", req.type_name)))?;
     for e in &req.edges {
         if !schema.edges().any(|t| &t.name == e) {
-            return Err(Error::config(format!(
-                "--edge: no edge type {e:?} in the schema"
-            )));
+            return Err(Error::config(format!("--edge: no edge type {e:?} in the schema")).into());
         }
     }
     let mut hops = Vec::new();

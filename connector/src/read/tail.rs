@@ -20,7 +20,7 @@ use lance_index::mem_wal::ShardManifest;
 use tokio::sync::Mutex as AsyncMutex;
 use uuid::Uuid;
 
-use crate::error::{Context, Error, Result};
+use crate::error::{shown, Context, Error, Result};
 use crate::schema::ID;
 
 /// WAL entries read at once per shard.
@@ -127,7 +127,7 @@ pub(super) async fn wal_memtable(
     for b in &batches {
         let (position, offset, _) = rows
             .append(b.clone())
-            .map_err(|e| Error::Bug(format!("WAL tail of {shard}: {e}")))?;
+            .map_err(|e| Error::Bug(format!("WAL tail of {shard}: {}", shown(&e))))?;
         index
             .insert_with_batch_position(b, offset, Some(position))
             .ctx(format!("index the WAL tail of {shard}"))?;

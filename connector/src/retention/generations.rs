@@ -16,7 +16,7 @@ use lance_index::mem_wal::ShardManifest;
 use uuid::Uuid;
 
 use super::Removed;
-use crate::error::{Context, Result};
+use crate::error::{shown, Context, Result};
 use crate::failpoints;
 use crate::shards::{self, LiveShard};
 
@@ -55,7 +55,7 @@ pub(super) async fn trim(
         // the folded generations (the planner skips them by the marker).
         // The next run, or that writer's own, trims and deletes them.
         Err(e) if e.fence_reason().is_some() => {
-            tracing::warn!(%shard, error = %e, "shard manifest not trimmed: a newer writer claimed it");
+            tracing::warn!(%shard, error = %shown(&e), "shard manifest not trimmed: a newer writer claimed it");
             Ok(None)
         }
         Err(e) => Err(e).ctx(format!("trim manifest of shard {shard}")),

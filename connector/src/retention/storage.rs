@@ -9,7 +9,7 @@ use lance::dataset::cleanup::CleanupPolicy;
 use serde::Serialize;
 
 use super::generations::parse_generation;
-use crate::error::{Context, Result};
+use crate::error::{Context, PublicResult, Result};
 use crate::graph::Graph;
 use crate::schema::MANIFEST_TABLE;
 
@@ -57,7 +57,7 @@ pub(super) fn kind_of(relative: &str) -> Kind {
 }
 
 /// Storage of every table of the head commit and of `__manifest`.
-pub async fn graph_storage(graph: &Graph) -> Result<Vec<TableStorage>> {
+pub async fn graph_storage(graph: &Graph) -> PublicResult<Vec<TableStorage>> {
     let head = graph.head().await?;
     let mut out = Vec::new();
     for table in head.tables.keys().chain([&MANIFEST_TABLE.to_string()]) {

@@ -17,7 +17,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use omnigraph_compiler::catalog::{Catalog, EdgeType, NodeType};
 use omnigraph_compiler::types::ScalarType;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PublicResult, Result};
 
 pub(crate) const ID: &str = "id";
 pub(crate) const SRC_TOPIC: &str = "_src_topic";
@@ -102,15 +102,15 @@ pub struct GraphSchema {
 }
 
 impl GraphSchema {
-    pub fn load(path: &std::path::Path) -> Result<GraphSchema> {
+    pub fn load(path: &std::path::Path) -> PublicResult<GraphSchema> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::Schema {
             path: path.display().to_string(),
             message: format!("cannot read: {e}"),
         })?;
-        Self::parse(&text, &path.display().to_string())
+        Ok(Self::parse(&text, &path.display().to_string())?)
     }
 
-    pub fn parse(text: &str, path: &str) -> Result<GraphSchema> {
+    pub(crate) fn parse(text: &str, path: &str) -> Result<GraphSchema> {
         let catalog = parse_catalog(text, path)?;
         // omnigraph-compiler 0.8.0 stores the one bound of `..max` as a
         // minimum; the source text says which it was.

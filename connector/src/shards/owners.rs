@@ -3,7 +3,7 @@
 
 use uuid::Uuid;
 
-use crate::error::{Context, Result};
+use crate::error::{shown, Context, Result};
 use crate::graph::Graph;
 
 /// Who claimed a shard last, as that process noted it beside the graph
@@ -51,7 +51,7 @@ pub(super) async fn note_owners(graph: &Graph, claimed: &[(Uuid, u64)]) {
         let body = serde_json::to_vec(&owner).expect("serializable");
         async move {
             if let Err(e) = graph.store().put(&owner_uri(graph, shard), &body).await {
-                tracing::warn!(%shard, error = %e, "could not note this process as the shard's claimant");
+                tracing::warn!(%shard, error = %shown(&e), "could not note this process as the shard's claimant");
             }
         }
     });

@@ -11,7 +11,7 @@ use lance::Dataset;
 use uuid::Uuid;
 
 use crate::config::{Sharding, WalSettings};
-use crate::error::{Context, Error, Result};
+use crate::error::{shown, Context, Error, PublicResult, Result};
 use crate::graph::Graph;
 use crate::schema::REJECTS_TABLE;
 
@@ -73,7 +73,11 @@ pub struct FrozenShard {
 impl ShardPool {
     /// Opens (claims) a writer for every bucket of every table. Opening
     /// replays the shard's WAL under a new epoch, fencing any older writer.
-    pub async fn open(graph: &Graph, wal: &WalSettings, tables: &[String]) -> Result<ShardPool> {
+    pub async fn open(
+        graph: &Graph,
+        wal: &WalSettings,
+        tables: &[String],
+    ) -> PublicResult<ShardPool> {
         let mut pool = ShardPool::open_unclaimed(graph, wal, tables).await?;
         let all: Vec<(String, u32)> = pool
             .tables
@@ -86,7 +90,7 @@ impl ShardPool {
 
     /// The pool of `tables` with no writer yet: partition sharding claims
     /// a shard when the group assigns its partition (`claim_partitions`).
-    pub async fn open_unclaimed(
+    pub(crate) async fn open_unclaimed(
         graph: &Graph,
         wal: &WalSettings,
         tables: &[String],
@@ -145,7 +149,7 @@ impl ShardPool {
 
     /// Claims each (table, bucket) not held yet: opens its writer, which
     /// replays the shard's WAL under a new epoch, fencing any older writer.
-    pub async fn claim(&mut self, wanted: &[(String, u32)]) -> Result<()> {
+    pub(crate) async fn claim(&mut self, wanted: &[(String, u32)]) -> Result<()> {
         let mut claimed = Vec::new();
         // Each table as it is now, once per call: a claim may come long
         // after the pool opened.
@@ -285,7 +289,7 @@ impl ShardPool {
 
     /// Freezes every active memtable. Called between polls, so the cut is
     /// exact: everything put before it is in a generation `<= upto`.
-    pub async fn freeze_all(&self) -> Result<Vec<FrozenShard>> {
+    pub async fn freeze_all(&self) -> PublicResult<Vec<FrozenShard>> {
         let mut out = Vec::new();
         for t in self.tables.values() {
             for s in t.shards.values() {
@@ -310,7 +314,7 @@ impl ShardPool {
                         tracing::info!(table = %s.table, bucket = s.bucket, "a shard moved to another member before this one's revoke; not in this cut");
                         continue;
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 };
                 let upto = fence
                     .frozen_generation()
@@ -350,7 +354,7 @@ impl ShardPool {
     }
 
     /// Flushes and closes every writer (drain on shutdown).
-    pub async fn close(mut self) -> Result<()> {
+    pub async fn close(mut self) -> PublicResult<()> {
         self.close_parked();
         for t in self.tables.into_values() {
             for s in t.shards.into_values() {
@@ -364,7 +368,8 @@ impl ShardPool {
                         return Err(Error::Bug(format!(
                             "shard {id} of {} is still in use at close",
                             s.table
-                        )))
+                        ))
+                        .into())
                     }
                 }
             }
@@ -387,7 +392,7 @@ fn close_in_background(s: Shard) {
                 tracing::debug!(%id, table = %s.table, bucket = s.bucket, "released shard closed")
             }
             Ok(Err(e)) => {
-                tracing::warn!(%id, error = %e, "released shard did not close; its next owner replays it")
+                tracing::warn!(%id, error = %shown(&e), "released shard did not close; its next owner replays it")
             }
             Err(_) => tracing::warn!(
                 %id,

@@ -11,7 +11,7 @@ use lance::dataset::mem_wal::{evaluate_sharding_spec, BatchDurableWatcher};
 use lance_index::mem_wal::ShardingSpec;
 use uuid::Uuid;
 
-use crate::error::{Context, Error, Result};
+use crate::error::{shown, Context, Error, PublicResult, Result};
 use crate::graph::ShardLayout;
 use crate::schema::SRC_PARTITION;
 
@@ -52,7 +52,7 @@ pub struct PendingWrite {
 }
 
 impl PendingWrite {
-    pub async fn wait(self) -> Result<()> {
+    pub async fn wait(self) -> PublicResult<()> {
         if let Some(mut w) = self.watcher {
             w.wait()
                 .await
@@ -69,7 +69,7 @@ impl TableShards {
     /// cheapest way in (lance-memwal.md §12 measured ~40 % less CPU per
     /// row). The sort is stable, so if a batch held one key twice its later
     /// row would stay last and still win.
-    pub fn route(&self, batch: &RecordBatch) -> Result<Vec<(usize, RecordBatch)>> {
+    pub fn route(&self, batch: &RecordBatch) -> PublicResult<Vec<(usize, RecordBatch)>> {
         if batch.num_rows() == 0 {
             return Ok(vec![]);
         }
@@ -79,7 +79,7 @@ impl TableShards {
             .as_deref()
             .and_then(|pk| batch.column_by_name(pk))
             .and_then(|c| c.as_string_opt::<i32>());
-        split_by_bucket(batch, &col, self.n as usize, keys)
+        Ok(split_by_bucket(batch, &col, self.n as usize, keys)?)
     }
 
     /// Each row's shard index, by the table's router.
@@ -126,13 +126,13 @@ impl TableShards {
     }
 
     /// Starts the WAL write of `batch` (rows) without waiting for durability.
-    pub async fn put(&self, batch: RecordBatch) -> Result<Vec<PendingWrite>> {
-        self.write(batch, Write::Put).await
+    pub async fn put(&self, batch: RecordBatch) -> PublicResult<Vec<PendingWrite>> {
+        Ok(self.write(batch, Write::Put).await?)
     }
 
     /// Starts the WAL write of tombstones for the keys in `keys` (an `id` column).
-    pub async fn delete(&self, keys: RecordBatch) -> Result<Vec<PendingWrite>> {
-        self.write(keys, Write::Delete).await
+    pub async fn delete(&self, keys: RecordBatch) -> PublicResult<Vec<PendingWrite>> {
+        Ok(self.write(keys, Write::Delete).await?)
     }
 
     async fn write(&self, batch: RecordBatch, kind: Write) -> Result<Vec<PendingWrite>> {
@@ -239,13 +239,13 @@ pub(crate) fn fenced_or(
             table: table.to_string(),
             bucket,
             shard,
-            reason: e.to_string(),
+            reason: shown(&e),
         },
         Some(_) => Error::Fenced {
             table: table.to_string(),
             bucket,
             shard,
-            reason: e.to_string(),
+            reason: shown(&e),
         },
         None => Error::Lance {
             context: format!("{what} on shard {shard} ({table} bucket {bucket})"),

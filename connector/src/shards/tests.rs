@@ -27,6 +27,28 @@ fn a_fence_stringified_into_an_io_error_is_still_a_fence() {
     ));
 }
 
+/// The exit-3 line of a fenced run quotes Lance's fence, and Lance ends
+/// its text with the source location that raised it: the line keeps the
+/// reason and drops the location (issue 50).
+#[test]
+fn a_fence_reads_without_lance_source_locations() {
+    let shard = Uuid::nil();
+    let peer = lance::Error::fenced_by_peer("local epoch 6 < stored epoch 7");
+    assert!(
+        peer.to_string().contains(".rs:"),
+        "Lance appends it: {peer}"
+    );
+    let lost = lance::Error::writer_poisoned("wal write failed");
+    for e in [
+        fenced_or(peer, "nodes/P", 3, shard, "put"),
+        fenced_or(lost, "nodes/P", 3, shard, "put"),
+    ] {
+        let text = e.to_string();
+        assert!(text.contains("Writer fenced ("), "{text}");
+        assert!(!text.contains(".rs:") && !text.contains("/src/"), "{text}");
+    }
+}
+
 #[test]
 fn one_pass_split_keeps_every_row_once_in_order() {
     use arrow::array::StringArray;
