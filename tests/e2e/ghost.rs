@@ -9,7 +9,7 @@
 //! must end only with every partition at its end and every key exact,
 //! under both shardings and both group protocols.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -85,20 +85,13 @@ async fn beside_a_ghost(sharding: &str, protocol: &str) {
     let mut ghost = Ghost::start(&tg.group, &topic, protocol, assignor);
     ghost.wait_holding(PARTITIONS as usize);
 
-    let mut run = Command::new(env!("CARGO_BIN_EXE_graphsink"));
-    run.args(["run", "--exit-at-end", "--config"])
+    let mut cmd = crate::binary::graphsink();
+    cmd.args(["run", "--exit-at-end", "--config"])
         .arg(tg.config_path())
         .env("RUST_LOG", "info,lance=warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    graphsink_testkit::tie_to_parent(&mut run);
-    let mut run = run.spawn().expect("spawn graphsink run");
-    let mut stderr = run.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
+        .stdout(Stdio::null());
+    graphsink_testkit::tie_to_parent(&mut cmd);
+    let mut run = crate::binary::Running::spawn(cmd);
 
     // graphsink has joined once it has committed some partitions to their
     // end (the ghost commits nothing): the partitions are split. Now the
@@ -127,7 +120,7 @@ async fn beside_a_ghost(sharding: &str, protocol: &str) {
 
     let started = Instant::now();
     let status = tokio::task::block_in_place(|| wait_exit(&mut run, Duration::from_secs(120)));
-    let stderr = log.join().unwrap();
+    let stderr = run.stderr().to_string();
     ghost.kill();
     assert_eq!(status, Some(0), "the run did not end well:\n{stderr}");
     assert_eq!(
@@ -156,16 +149,16 @@ async fn beside_a_ghost(sharding: &str, protocol: &str) {
     }
 }
 
-/// Waits for `child` to exit, at most `limit` (then kills it): its code.
-fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
+/// Waits for `run` to exit, at most `limit` (then kills it): its code.
+fn wait_exit(run: &mut crate::binary::Running, limit: Duration) -> Option<i32> {
     let deadline = Instant::now() + limit;
     loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = run.try_wait().unwrap() {
             return s.code();
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            let _ = run.kill();
+            let _ = run.wait();
             return None;
         }
         std::thread::sleep(Duration::from_millis(100));
