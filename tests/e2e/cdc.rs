@@ -302,7 +302,8 @@ async fn a_replay_after_kill_9_and_from_the_start_changes_nothing() {
     .await;
     child.kill().expect("kill -9");
     child.wait().unwrap();
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // As in recovery's kill -9 test: the dead member's session expires first.
+    wait_for_no_members(&tg.group).await;
     try_run_to_end(&tg).await.expect("run after the kill");
     assert_shop(&tg, false).await;
     // Every event again, from offset 0, in one pass: upserts and deletes
