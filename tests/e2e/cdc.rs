@@ -250,7 +250,7 @@ async fn the_shop_example_lands_with_its_deletes(backend: Backend) {
     assert_eq!(r.len(), 1, "{r:?}");
     assert_eq!(r[0].0, "referenced");
     assert!(r[0].1.contains("p-3"), "{}", r[0].1);
-    let dlq = read_topic(&tg.dlq, 2, Duration::from_secs(10));
+    let dlq = read_topic_to_end(&tg.dlq, "read_committed");
     assert_eq!(dlq.len(), 1);
     // A fold reject of a delete has no source coordinates (docs/rejects.md).
     assert_eq!(
@@ -302,7 +302,8 @@ async fn a_replay_after_kill_9_and_from_the_start_changes_nothing() {
     .await;
     child.kill().expect("kill -9");
     child.wait().unwrap();
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // As in recovery's kill -9 test: the dead member's session expires first.
+    wait_for_no_members(&tg.group).await;
     try_run_to_end(&tg).await.expect("run after the kill");
     assert_shop(&tg, false).await;
     // Every event again, from offset 0, in one pass: upserts and deletes
@@ -373,7 +374,7 @@ async fn every_change_stream_reject_lands_in_both_sinks() {
         ]
     );
     assert!(r[4].1.contains("/created_at"), "names the path: {}", r[4].1);
-    let dlq = read_topic(&tg.dlq, 6, Duration::from_secs(10));
+    let dlq = read_topic_to_end(&tg.dlq, "read_committed");
     let mut dl: Vec<(String, String)> = dlq
         .iter()
         .map(|m| {

@@ -191,7 +191,14 @@ async fn additive_changes_apply_at_start_while_a_producer_writes(backend: Backen
         &[rec(0, None, Some(json!({"src": "q", "dst": "Oslo"})))],
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Version-0 records keep coming after the version-1 ones.
+    let so_far = produced.load(Ordering::SeqCst);
+    wait_until(
+        "ten more version-0 records",
+        Duration::from_secs(60),
+        || produced.load(Ordering::SeqCst) >= so_far + 10,
+    )
+    .await;
     done.store(true, Ordering::SeqCst);
     producer.await.unwrap();
     let n = produced.load(Ordering::SeqCst);

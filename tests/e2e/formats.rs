@@ -309,9 +309,9 @@ async fn avro_from_confluents_serializer_lands_through_the_test_registry() {
 }
 
 /// A registry that stops mid-run holds the partition at the first record
-/// of an unseen schema: nothing past it is committed, `/ready` says why,
-/// records of known schemas flow on, and once the registry is back every
-/// record lands.
+/// of an unseen schema: nothing past it is committed, `/ready`'s HTTP body
+/// says why, records of known schemas flow on, and once the registry is
+/// back every record lands.
 async fn a_stopped_registry_holds_its_partition_and_loses_nothing(backend: Backend) {
     crate::init_logs();
     let mut reg = TestRegistry::start().unwrap();
@@ -358,6 +358,11 @@ async fn a_stopped_registry_holds_its_partition_and_loses_nothing(backend: Backe
         ..Default::default()
     };
     let run = tokio::spawn(graphsink::run_with(tg.config(), options, stop.clone()));
+    // `/ready` as an orchestrator reads it: over HTTP, from these metrics.
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let (http, _) = graphsink::serve_http(any, metrics.clone(), stop.clone())
+        .await
+        .expect("serve http");
     let group = tg.group.clone();
     wait_until(
         "the v1 records are committed",
@@ -382,26 +387,52 @@ async fn a_stopped_registry_holds_its_partition_and_loses_nothing(backend: Backe
         committed(&group, topic, 2).get(&1) == Some(&14)
     })
     .await;
-    wait_until(
-        "/ready says the registry stalls",
+    let stalled = |status: u16, body: &Value| {
+        status == 503
+            && body["ready"] == json!(false)
+            && body["schema_registry_stalled"] == json!(true)
+    };
+    crate::ops::await_ready(
+        http,
+        "to say the registry stalls",
         Duration::from_secs(30),
-        || metrics.readiness().schema_registry_stalled,
+        &stalled,
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // One more record of a known schema on partition 1, after the hold:
+    // once it is committed, the run loop has committed since partition 0
+    // was held, and partition 0 is still at the held record.
+    produce_raw(topic, &[raw(1, &names[9], Some(a[9].0.clone()))]).await;
+    wait_until(
+        "partition 1 goes on after the hold",
+        Duration::from_secs(60),
+        || committed(&group, topic, 2).get(&1) == Some(&15),
+    )
+    .await;
     assert_eq!(
         committed(&group, topic, 2).get(&0),
         Some(&10),
         "nothing past the held record is committed"
     );
-    assert!(!metrics.readiness().ready);
+    let (status, body) = crate::ops::ready(http).await;
+    assert!(stalled(status, &body), "{status} {body}");
 
     reg.restart().unwrap();
     wait_until("every record is committed", Duration::from_secs(60), || {
-        committed(&group, topic, 2).values().sum::<i64>() == 44
+        committed(&group, topic, 2).values().sum::<i64>() == 45
     })
     .await;
-    assert!(!metrics.readiness().schema_registry_stalled);
+    crate::ops::await_ready(
+        http,
+        "to say the registry answers again",
+        Duration::from_secs(30),
+        |status, body| {
+            status == 200
+                && body["ready"] == json!(true)
+                && body["schema_registry_stalled"] == json!(false)
+        },
+    )
+    .await;
     stop.cancel();
     run.await.unwrap().expect("run");
     let rows = tg.rows("nodes/Person").await;

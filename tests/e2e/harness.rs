@@ -345,6 +345,30 @@ pub(crate) fn reset_group(group: &str, topic: &str, partitions: i32) {
     c.commit(&tpl, CommitMode::Sync).expect("reset offsets");
 }
 
+/// The members of `group` as its coordinator lists them (DescribeGroups).
+pub(crate) fn group_members(group: &str) -> usize {
+    let list = group_consumer(&unique("probe"))
+        .fetch_group_list(Some(group), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("describe group {group}: {e}"));
+    list.groups()
+        .iter()
+        .find(|g| g.name() == group)
+        .map_or(0, |g| g.members().len())
+}
+
+/// Waits until `group` has no member: a killed member's session expired.
+/// Bounded by the session timeout the tests set, and the coordinator's
+/// check of it, with room for a loaded machine.
+pub(crate) async fn wait_for_no_members(group: &str) {
+    let bound = SESSION_TIMEOUT * 4;
+    wait_until(
+        &format!("group {group} to have no member (session {SESSION_TIMEOUT:?})"),
+        bound,
+        || group_members(group) == 0,
+    )
+    .await;
+}
+
 /// `wait_until` for a check that awaits (reads the graph). A sync check
 /// must not `block_on` a Lance read inside the test's runtime: once tokio's
 /// cooperative budget of the test task is spent, every tokio resource the
@@ -379,6 +403,10 @@ pub(crate) struct TestGraph {
     pub dlq: String,
 }
 
+/// Every test graph's `session.timeout.ms`: the bound of a wait for a dead
+/// member to leave its group.
+pub(crate) const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
+
 pub(crate) const SCHEMA: &str = r#"
 node Person { name: String @key  age: I32?  city: String? }
 node Company { ticker: String @key  name: String  founded: I32? }
@@ -404,9 +432,10 @@ impl TestGraph {
         let topics: Vec<String> = mappings.iter().map(|_| unique("topic")).collect();
         std::fs::write(dir.path().join("graph.pg"), schema).unwrap();
         let mut cfg = format!(
-            "[graph]\nschema = \"graph.pg\"\n{}\n[kafka]\n\"bootstrap.servers\" = \"{}\"\n\"group.id\" = \"{group}\"\n\"session.timeout.ms\" = \"6000\"\n\n{extra}\n",
+            "[graph]\nschema = \"graph.pg\"\n{}\n[kafka]\n\"bootstrap.servers\" = \"{}\"\n\"group.id\" = \"{group}\"\n\"session.timeout.ms\" = \"{}\"\n\n{extra}\n",
             backend.graph_toml(),
-            broker()
+            broker(),
+            SESSION_TIMEOUT.as_millis()
         );
         let dlq = unique("dlq");
         for (m, t) in mappings.iter().zip(&topics) {
@@ -469,6 +498,68 @@ impl TestGraph {
             .stdout(Stdio::null());
         graphsink_testkit::tie_to_parent(&mut cmd);
         Running::spawn(cmd)
+    }
+
+    /// [`TestGraph::spawn_run_with`] whose stderr the test reads
+    /// ([`Captured::exit_within`]).
+    pub(crate) fn spawn_run_capturing(&self, env: &[(&str, &str)]) -> Captured {
+        self.spawn_capturing(&["run"], env)
+    }
+
+    /// The binary with `args` (and `--config`), its stderr kept.
+    pub(crate) fn spawn_capturing(&self, args: &[&str], env: &[(&str, &str)]) -> Captured {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
+        cmd.args(args)
+            .arg("--config")
+            .arg(self.config_path())
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        graphsink_testkit::tie_to_parent(&mut cmd);
+        let mut child = cmd.spawn().expect("spawn graphsink run");
+        let mut pipe = child.stderr.take().expect("piped stderr");
+        // Drained as it comes: a full pipe would block the child's logging.
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut s);
+            s
+        });
+        Captured { child, stderr }
+    }
+}
+
+/// A `graphsink run` child whose stderr is kept.
+pub(crate) struct Captured {
+    pub child: Child,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Captured {
+    /// Waits up to `limit` for the child to exit by itself: its exit code
+    /// and all it wrote to stderr. Past `limit` it is killed and the test
+    /// fails.
+    pub(crate) async fn exit_within(mut self, limit: Duration) -> (Option<i32>, String) {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let err = self.stderr.join().unwrap_or_default();
+                panic!("graphsink run did not exit within {limit:?}; its stderr:\n{err}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        (status.code(), self.stderr.join().unwrap_or_default())
+    }
+
+    /// Kills the child (if it still runs) and returns its stderr.
+    pub(crate) fn kill(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.stderr.join().unwrap_or_default()
     }
 }
 
@@ -646,6 +737,97 @@ pub(crate) fn read_topic_as(
                     })
                     .unwrap_or_default(),
             });
+        }
+    }
+    out
+}
+
+/// Every message `topic` holds now, as a reader with `isolation` sees it:
+/// read until each partition reports its end (librdkafka's partition EOF:
+/// the high watermark, or the last stable offset for `read_committed`).
+/// For a topic whose producers are done, "exactly N" then needs no wait
+/// for more. A topic that does not exist holds nothing.
+pub(crate) fn read_topic_to_end(topic: &str, isolation: &str) -> Vec<Consumed> {
+    read_topic_to_end_on(broker(), topic, isolation)
+}
+
+/// [`read_topic_to_end`] on the broker at `bootstrap`.
+pub(crate) fn read_topic_to_end_on(bootstrap: &str, topic: &str, isolation: &str) -> Vec<Consumed> {
+    use rdkafka::error::KafkaError;
+    use rdkafka::message::{Headers, Message};
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", isolation)
+        .create()
+        .expect("reader");
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
+    let parts = md.topics().first().map_or(0, |t| t.partitions().len()) as i32;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    if isolation == "read_committed" {
+        // A transaction committed just now may not have its markers on the
+        // partition yet, which holds the stable offset below the end: wait
+        // until none is open (the watermark query follows the isolation).
+        let all: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", unique("probe"))
+            .set("isolation.level", "read_uncommitted")
+            .create()
+            .expect("probe");
+        for p in 0..parts {
+            let high = |c: &BaseConsumer| {
+                c.fetch_watermarks(topic, p, Duration::from_secs(10))
+                    .expect("watermarks")
+                    .1
+            };
+            while high(&c) < high(&all) {
+                assert!(
+                    Instant::now() < deadline,
+                    "{topic}/{p}: a transaction stays open"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..parts {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    c.assign(&tpl).expect("assign");
+    let mut ended = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    while (ended.len() as i32) < parts {
+        assert!(
+            Instant::now() < deadline,
+            "{topic}: no end on partitions {:?} after 60 s",
+            (0..parts)
+                .filter(|p| !ended.contains(p))
+                .collect::<Vec<_>>()
+        );
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => out.push(Consumed {
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers: m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                ended.insert(p);
+            }
+            Some(Err(e)) => panic!("read {topic}: {e}"),
+            None => {}
         }
     }
     out

@@ -46,13 +46,13 @@ async fn get_accepting(addr: &str, path: &str, accept: Option<&str>) -> (u16, St
     (status, ctype, body.to_string())
 }
 
-async fn ready(addr: SocketAddr) -> (u16, Value) {
+pub(crate) async fn ready(addr: SocketAddr) -> (u16, Value) {
     let (status, _, body) = get(&addr.to_string(), "/ready").await;
     (status, serde_json::from_str(&body).expect("ready is JSON"))
 }
 
 /// Polls `/ready` until `want` holds for its JSON body.
-async fn await_ready(
+pub(crate) async fn await_ready(
     addr: SocketAddr,
     what: &str,
     timeout: Duration,

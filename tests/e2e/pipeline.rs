@@ -235,15 +235,35 @@ async fn committed_offset_never_passes_durability(backend: Backend) {
         stats.totals().consumed == n
     })
     .await;
-    // Twenty commit cadences pass while the WAL entry is still pending (the
-    // fold, which would force a flush, is further out than that).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Until the WAL entry lands (the 20 s flush; the fold, which would force
+    // one, is further out), every look finds nothing committed. The offsets
+    // are read before durability, so a look that finds nothing durable saw
+    // the offsets while nothing was.
+    let consumed = std::time::Instant::now();
+    let mut looks = 0;
+    loop {
+        let at = committed(&tg.group, topic, 2);
+        if stats.totals().durable > 0 {
+            break;
+        }
+        assert!(
+            at.values().all(|&o| o == 0),
+            "committed past undurable records: {at:?}"
+        );
+        assert!(
+            consumed.elapsed() < Duration::from_secs(60),
+            "the WAL never flushed"
+        );
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The window held many commit cadences (100 ms each): a flush that was
+    // not held back would end it at once.
     assert!(
-        committed(&tg.group, topic, 2).values().all(|&o| o == 0),
-        "committed past undurable records: {:?}",
-        committed(&tg.group, topic, 2)
+        consumed.elapsed() > Duration::from_secs(5) && looks >= 10,
+        "durable {:?} after consumption ({looks} looks): the flush was not held back",
+        consumed.elapsed()
     );
-    assert_eq!(stats.totals().durable, 0, "WAL flush was held back");
     let ends = end_offsets(topic, 2);
     wait_until("commit after durability", Duration::from_secs(30), || {
         committed(&tg.group, topic, 2) == ends

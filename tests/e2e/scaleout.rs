@@ -113,7 +113,7 @@ async fn partition_sharding_routes_by_partition_and_rejects_keying_breaches() {
             ("shard_conflict".to_string(), 3, 5),
         ]
     );
-    let dlq = read_topic(&tg.dlq, 3, Duration::from_secs(10));
+    let dlq = read_topic_to_end(&tg.dlq, "read_committed");
     let mut codes: Vec<String> = dlq
         .iter()
         .map(|m| m.header("graphsink.code").unwrap())
@@ -692,10 +692,11 @@ async fn a_member_holding_nothing_ends_at_exit_at_end_once_the_graph_holds_every
             })
             .collect()
     };
+    let stall_bound = Duration::from_secs(2);
     let config = |fold_every: Duration| {
         let mut c = tg.config();
         c.fold.interval = fold_every;
-        c.offsets.stall_timeout = Some(Duration::from_secs(2));
+        c.offsets.stall_timeout = Some(stall_bound);
         // Sticky: the partition stays with the member that has it.
         c.kafka.insert(
             "partition.assignment.strategy".into(),
@@ -728,7 +729,14 @@ async fn a_member_holding_nothing_ends_at_exit_at_end_once_the_graph_holds_every
     produce(&topic, &batch(1)).await;
     wait_until("round 1 committed", Duration::from_secs(60), all_committed).await;
     let (b, b_stats) = holding_nothing();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // b joins, holds nothing, and after the stall bound (2 s) looks once a
+    // second whether it may end: two bounds after its join it has looked,
+    // and found the graph short of the WAL that a keeps.
+    wait_until("the second member joins", Duration::from_secs(60), || {
+        group_members(&tg.group) == 2
+    })
+    .await;
+    tokio::time::sleep(2 * stall_bound + Duration::from_secs(1)).await;
     assert!(
         !b.is_finished(),
         "ended with 20 committed rows in the WAL and none in the graph"
