@@ -26,6 +26,9 @@ pub enum ErrorKind {
     Corrupt,
     /// What the caller asked for does not exist (e.g. a graph commit id).
     NotFound,
+    /// The cluster refused graphsink a permission (an ACL) or its
+    /// credentials: an operator must grant it; waiting does not help.
+    NotAuthorized,
     /// graphsink itself failed (a panic): a bug to report; retrying the
     /// same input is unlikely to help.
     Bug,
@@ -127,6 +130,10 @@ pub(crate) enum Error {
         lag: i64,
         waited: std::time::Duration,
     },
+    /// A permission the cluster refused, in graphsink's words (`needs`:
+    /// the operation and resource) and Kafka's (`code`); docs/security.md.
+    #[error("not authorized: graphsink needs {needs} ({code}); grant it (docs/security.md lists every ACL graphsink needs) and start again")]
+    NotAuthorized { needs: String, code: String },
     #[error("{task} panicked: {message}")]
     Panic { task: &'static str, message: String },
     #[error("failpoint {0} fired")]
@@ -247,6 +254,7 @@ impl Error {
             Error::Fenced { .. } | Error::ProducerFenced { .. } => ErrorKind::Fenced,
             Error::WalUnavailable { .. } => ErrorKind::Retry,
             Error::CommitConflict { .. } => ErrorKind::Conflict,
+            Error::NotAuthorized { .. } => ErrorKind::NotAuthorized,
             Error::Kafka(_) | Error::Failpoint(_) => ErrorKind::Retry,
             Error::Lance { .. } if self.is_commit_race() => ErrorKind::Conflict,
             Error::Lance { source, .. } if passing_lance_failure(source) => ErrorKind::Retry,

@@ -210,6 +210,7 @@ pub fn main() -> ExitCode {
                 ErrorKind::BadConfig => 2,
                 ErrorKind::Fenced => 3,
                 ErrorKind::NotFound => 4,
+                ErrorKind::NotAuthorized => 5,
                 _ => 1,
             })
         }
