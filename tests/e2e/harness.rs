@@ -506,32 +506,25 @@ impl TestGraph {
         self.spawn_capturing(&["run"], env)
     }
 
-    /// The binary with `args` (and `--config`), its stderr kept.
+    /// The binary with `args` (and `--config`), its stderr kept (and
+    /// checked for source locations, as `binary::Running` does).
     pub(crate) fn spawn_capturing(&self, args: &[&str], env: &[(&str, &str)]) -> Captured {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_graphsink"));
+        let mut cmd = crate::binary::graphsink();
         cmd.args(args)
             .arg("--config")
             .arg(self.config_path())
             .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stdout(Stdio::null());
         graphsink_testkit::tie_to_parent(&mut cmd);
-        let mut child = cmd.spawn().expect("spawn graphsink run");
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        // Drained as it comes: a full pipe would block the child's logging.
-        let stderr = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = std::io::Read::read_to_string(&mut pipe, &mut s);
-            s
-        });
-        Captured { child, stderr }
+        Captured {
+            child: Running::spawn(cmd),
+        }
     }
 }
 
-/// A `graphsink run` child whose stderr is kept.
+/// A graphsink child whose stderr the test reads.
 pub(crate) struct Captured {
-    pub child: Child,
-    stderr: std::thread::JoinHandle<String>,
+    pub child: Running,
 }
 
 impl Captured {
@@ -547,19 +540,21 @@ impl Captured {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                let err = self.stderr.join().unwrap_or_default();
-                panic!("graphsink run did not exit within {limit:?}; its stderr:\n{err}");
+                panic!(
+                    "graphsink did not exit within {limit:?}; its stderr:\n{}",
+                    self.child.stderr()
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        (status.code(), self.stderr.join().unwrap_or_default())
+        (status.code(), self.child.stderr().to_string())
     }
 
     /// Kills the child (if it still runs) and returns its stderr.
     pub(crate) fn kill(mut self) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.stderr.join().unwrap_or_default()
+        self.child.stderr().to_string()
     }
 }
 
