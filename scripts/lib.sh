@@ -42,6 +42,19 @@
 #   ensure_sr_client    Confluent's Python client with its Avro, Protobuf and
 #                       JSON serializers, and pylance, in a venv once; sets
 #                       SR_PYTHON (the tests' independent producer and reader)
+#   ensure_toxiproxy    build Toxiproxy 2.5.0 with go install once; sets TOXIPROXY_BIN
+#   start_kafka_cluster [N]  N (default 3) secured KRaft nodes (SASL_SSL
+#                       SCRAM-SHA-512, mTLS, ACLs, RF 3) in network namespaces,
+#                       and a client namespace whose Toxiproxy stands before
+#                       each node; sets GRAPHSINK_CLUSTER_* (scripts/kafka/cluster.sh)
+#   stop_kafka_cluster  stop it, delete its namespaces (idempotent)
+#   cluster_exec CMD    run CMD in the client namespace
+#   kafka_cluster_tool CLASS ARGS  a Kafka tool (AclCommand, ConfigCommand, ...)
+#                       as the super user admin
+#   kafka_cluster_node stop|kill|start|freeze|thaw ID
+#   kafka_cluster_cut ID|all [blackhole|unreachable], kafka_cluster_heal
+#   kafka_cluster_toxic TYPE ATTRS [ID|all] [STREAM], kafka_cluster_toxics_reset
+#   netns_sweep         delete namespaces left by processes that are gone
 
 GRAPHSINK_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GRAPHSINK_CACHE="${GRAPHSINK_CACHE:-${HOME:?HOME is not set}/.cache/graphsink}"
