@@ -13,6 +13,9 @@ TOXIPROXY_ROOT="$GRAPHSINK_CACHE/toxiproxy-$TOXIPROXY_VERSION"
 _GS_NET=10.77           # host k is 10.77.k.2, its router side 10.77.k.1
 _GS_PROXY_NET=10.77.100 # node i as clients reach it: its Toxiproxy, 10.77.100.i
 _GS_CLIENT_INDEX=50     # the bash cluster's one client host
+# Kafka's short-lived tools (format, AclCommand, ...): C1 only and the
+# serial collector start faster on 2 busy cores (testkit/src/cluster.rs TOOL_JVM).
+_GS_TOOL_JVM="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xmx256m"
 
 ensure_toxiproxy() {
     export TOXIPROXY_BIN="$TOXIPROXY_ROOT/bin/toxiproxy-server"
@@ -187,7 +190,8 @@ start_kafka_cluster() {
     scram=(--add-scram "SCRAM-SHA-512=[name=admin,password=$admin_pw]"
         --add-scram "SCRAM-SHA-512=[name=graphsink,password=$user_pw]")
     for ((i = 1; i <= n; i++)); do
-        java -Dlog4j2.configurationFile="$GRAPHSINK_REPO/scripts/kafka/log4j2.yaml" -cp "$KAFKA_LIBS/*" \
+        # shellcheck disable=SC2086
+        java $_GS_TOOL_JVM -Dlog4j2.configurationFile="$GRAPHSINK_REPO/scripts/kafka/log4j2.yaml" -cp "$KAFKA_LIBS/*" \
             kafka.tools.StorageTool format --cluster-id "$cid" --initial-controllers "$voters" \
             "${scram[@]}" --config "$dir/node$i/server.properties" </dev/null >"$dir/node$i/kafka.log" 2>&1 &
     done
@@ -198,7 +202,7 @@ start_kafka_cluster() {
     # proxy per node and listener.
     for ((i = 1; i <= n; i++)); do ip -n "$GRAPHSINK_CLUSTER_NS" addr add "$_GS_PROXY_NET.$i/32" dev lo; done
     # shellcheck disable=SC2016
-    ip netns exec "$GRAPHSINK_CLUSTER_NS" setsid bash -c 'echo "$$" >"$1"; shift; exec "$@"' _ "$dir/toxiproxy.pid" \
+    ip netns exec "$GRAPHSINK_CLUSTER_NS" setsid env LOG_LEVEL=warn bash -c 'echo "$$" >"$1"; shift; exec "$@"' _ "$dir/toxiproxy.pid" \
         "$TOXIPROXY_BIN" -host 127.0.0.1 -port 8474 </dev/null >"$dir/toxiproxy.log" 2>&1 &
     disown
     local deadline=$((SECONDS + 20))
@@ -240,7 +244,8 @@ cluster_exec() { ip netns exec "${GRAPHSINK_CLUSTER_NS:?no cluster: start_kafka_
 kafka_cluster_tool() {
     local class="$1"; shift
     case "$class" in *.*) ;; *) class="org.apache.kafka.tools.$class" ;; esac
-    cluster_exec java -Dlog4j2.configurationFile="$GRAPHSINK_REPO/scripts/kafka/log4j2.yaml" -cp "$KAFKA_LIBS/*" \
+    # shellcheck disable=SC2086
+    cluster_exec java $_GS_TOOL_JVM -Dlog4j2.configurationFile="$GRAPHSINK_REPO/scripts/kafka/log4j2.yaml" -cp "$KAFKA_LIBS/*" \
         "$class" --bootstrap-server "$GRAPHSINK_CLUSTER_BOOTSTRAP" --command-config "$GRAPHSINK_CLUSTER_ADMIN_CONFIG" "$@"
 }
 

@@ -184,7 +184,9 @@ fn from_rd_resource(r: rd::rd_kafka_ResourceType_t) -> Option<ResourceType> {
 
 fn rd_pattern(p: PatternType) -> rd::rd_kafka_ResourcePatternType_t {
     match p {
-        PatternType::Literal => rd::rd_kafka_ResourcePatternType_t::RD_KAFKA_RESOURCE_PATTERN_LITERAL,
+        PatternType::Literal => {
+            rd::rd_kafka_ResourcePatternType_t::RD_KAFKA_RESOURCE_PATTERN_LITERAL
+        }
         PatternType::Prefixed => {
             rd::rd_kafka_ResourcePatternType_t::RD_KAFKA_RESOURCE_PATTERN_PREFIXED
         }
@@ -267,8 +269,13 @@ fn binding(acl: &Acl, filter: bool) -> Result<*mut rd::rd_kafka_AclBinding_t, St
 fn request<T>(
     admin: &AdminClient<DefaultClientContext>,
     op: rd::rd_kafka_admin_op_t,
+    broker: Option<i32>,
     timeout: Duration,
-    send: impl FnOnce(*mut rd::rd_kafka_t, *const rd::rd_kafka_AdminOptions_t, *mut rd::rd_kafka_queue_t),
+    send: impl FnOnce(
+        *mut rd::rd_kafka_t,
+        *const rd::rd_kafka_AdminOptions_t,
+        *mut rd::rd_kafka_queue_t,
+    ),
     read: impl FnOnce(*mut rd::rd_kafka_event_t) -> Result<T, String>,
 ) -> Result<T, String> {
     let rk = admin.inner().native_ptr();
@@ -279,6 +286,9 @@ fn request<T>(
         let mut err = [0 as std::os::raw::c_char; 512];
         let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
         rd::rd_kafka_AdminOptions_set_request_timeout(options, ms, err.as_mut_ptr(), err.len());
+        if let Some(id) = broker {
+            rd::rd_kafka_AdminOptions_set_broker(options, id, err.as_mut_ptr(), err.len());
+        }
         let queue = rd::rd_kafka_queue_new(rk);
         send(rk, options, queue);
         // The request times out by itself; poll a little longer than that.
@@ -318,20 +328,27 @@ pub fn create(
     request(
         admin,
         rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_CREATEACLS,
+        None,
         timeout,
         // SAFETY (the closures): the arguments come from `request`; the
         // bindings live until after the call, which copies them.
         |rk, options, queue| unsafe {
-            rd::rd_kafka_CreateAcls(rk, bindings.0.as_mut_ptr(), bindings.0.len(), options, queue)
+            rd::rd_kafka_CreateAcls(
+                rk,
+                bindings.0.as_mut_ptr(),
+                bindings.0.len(),
+                options,
+                queue,
+            )
         },
         |event| unsafe {
             let result = rd::rd_kafka_event_CreateAcls_result(event);
             let mut n = 0;
             let results = rd::rd_kafka_CreateAcls_result_acls(result, &mut n);
             let mut errors = Vec::new();
-            for i in 0..n {
+            for (i, acl) in acls.iter().enumerate().take(n) {
                 if let Some(e) = error_text(rd::rd_kafka_acl_result_error(*results.add(i))) {
-                    errors.push(format!("{}: {e}", acls[i]));
+                    errors.push(format!("{acl}: {e}"));
                 }
             }
             if errors.is_empty() {
@@ -360,6 +377,7 @@ pub fn delete(
     request(
         admin,
         rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DELETEACLS,
+        None,
         timeout,
         |rk, options, queue| unsafe {
             rd::rd_kafka_DeleteAcls(rk, filters.0.as_mut_ptr(), filters.0.len(), options, queue)
@@ -370,10 +388,10 @@ pub fn delete(
             let responses = rd::rd_kafka_DeleteAcls_result_responses(result, &mut n);
             let mut deleted = Vec::new();
             let mut errors = Vec::new();
-            for i in 0..n {
+            for (i, acl) in acls.iter().enumerate().take(n) {
                 let r = *responses.add(i);
                 if let Some(e) = error_text(rd::rd_kafka_DeleteAcls_result_response_error(r)) {
-                    errors.push(format!("{}: {e}", acls[i]));
+                    errors.push(format!("{acl}: {e}"));
                     continue;
                 }
                 let mut m = 0;
@@ -390,9 +408,12 @@ pub fn delete(
 }
 
 /// Every ALLOW ACL of the cluster (DescribeAcls with a filter matching
-/// all), sorted.
+/// all), sorted, as broker `broker` (any, for `None`) knows them: each
+/// broker applies a change when its copy of the metadata log reaches it,
+/// a moment after the controller committed it.
 pub fn list(
     admin: &AdminClient<DefaultClientContext>,
+    broker: Option<i32>,
     timeout: Duration,
 ) -> Result<Vec<Acl>, String> {
     let mut err = [0 as std::os::raw::c_char; 512];
@@ -418,6 +439,7 @@ pub fn list(
     request(
         admin,
         rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBEACLS,
+        broker,
         timeout,
         |rk, options, queue| unsafe { rd::rd_kafka_DescribeAcls(rk, filter.0[0], options, queue) },
         |event| unsafe {
@@ -470,9 +492,17 @@ mod tests {
             c.to_string(),
             "User:graphsink IDEMPOTENT_WRITE CLUSTER kafka-cluster (LITERAL)"
         );
-        let p = Acl::allow("g", Operation::Write, ResourceType::TransactionalId, "graphsink-fold-")
-            .prefixed();
-        assert_eq!(p.to_string(), "User:g WRITE TRANSACTIONAL_ID graphsink-fold- (PREFIXED)");
+        let p = Acl::allow(
+            "g",
+            Operation::Write,
+            ResourceType::TransactionalId,
+            "graphsink-fold-",
+        )
+        .prefixed();
+        assert_eq!(
+            p.to_string(),
+            "User:g WRITE TRANSACTIONAL_ID graphsink-fold- (PREFIXED)"
+        );
     }
 
     #[test]

@@ -122,11 +122,40 @@ impl Certs {
             "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyAgreement\n",
         )
         .map_err(|e| format!("write {}: {e}", ext.display()))?;
-        run(&["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &key_s])?;
-        run(&["req", "-new", "-key", &key_s, "-subj", &format!("/CN={cn}"), "-out", &csr])?;
         run(&[
-            "x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "7", "-extfile", &ext.display().to_string(), "-out",
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            &key_s,
+        ])?;
+        run(&[
+            "req",
+            "-new",
+            "-key",
+            &key_s,
+            "-subj",
+            &format!("/CN={cn}"),
+            "-out",
+            &csr,
+        ])?;
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "7",
+            "-extfile",
+            &ext.display().to_string(),
+            "-out",
             &pem.display().to_string(),
         ])?;
         let _ = std::fs::remove_file(&csr);
@@ -164,7 +193,11 @@ mod tests {
                 .arg(&pem)
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let out = Command::new("openssl")
             .args(["pkcs12", "-nokeys", "-clcerts", "-in"])
@@ -173,7 +206,11 @@ mod tests {
             .arg(format!("pass:{}", certs.store_password))
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(certs.truststore().exists());
         let _ = std::fs::remove_dir_all(&dir);
     }

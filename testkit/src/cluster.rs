@@ -68,6 +68,9 @@ const READY_WITHIN: Duration = Duration::from_secs(180);
 /// How long a controlled shutdown may take before it counts as hung.
 const STOP_WITHIN: Duration = Duration::from_secs(60);
 
+/// JVM options of Kafka's short-lived tools (format, describe, configs).
+const TOOL_JVM: [&str; 3] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xmx256m"];
+
 /// The super user the harness administers the cluster as.
 pub const ADMIN: &str = "admin";
 
@@ -211,12 +214,18 @@ impl ClientHost {
             .cloned()
             .ok_or_else(|| format!("no SCRAM user {user} in this cluster"))?;
         Ok(vec![
-            ("bootstrap.servers".into(), self.bootstrap(Listener::SaslSsl)),
+            (
+                "bootstrap.servers".into(),
+                self.bootstrap(Listener::SaslSsl),
+            ),
             ("security.protocol".into(), "SASL_SSL".into()),
             ("sasl.mechanisms".into(), "SCRAM-SHA-512".into()),
             ("sasl.username".into(), user.into()),
             ("sasl.password".into(), password),
-            ("ssl.ca.location".into(), path_text(&self.secrets.certs.ca())),
+            (
+                "ssl.ca.location".into(),
+                path_text(&self.secrets.certs.ca()),
+            ),
         ])
     }
 
@@ -226,7 +235,10 @@ impl ClientHost {
         vec![
             ("bootstrap.servers".into(), self.bootstrap(Listener::Mtls)),
             ("security.protocol".into(), "SSL".into()),
-            ("ssl.ca.location".into(), path_text(&self.secrets.certs.ca())),
+            (
+                "ssl.ca.location".into(),
+                path_text(&self.secrets.certs.ca()),
+            ),
             ("ssl.certificate.location".into(), path_text(&pem)),
             ("ssl.key.location".into(), path_text(&key)),
         ]
@@ -323,7 +335,10 @@ impl KafkaCluster {
         if !installed() {
             return Err(missing_message());
         }
-        if !default_libs().join(format!("kafka-tools-{VERSION}.jar")).exists() {
+        if !default_libs()
+            .join(format!("kafka-tools-{VERSION}.jar"))
+            .exists()
+        {
             return Err(format!(
                 "kafka-tools-{VERSION}.jar is missing from {}: run `source scripts/lib.sh && \
                  ensure_kafka` (it resolves scripts/kafka/pom.xml again when the pom changed)",
@@ -347,7 +362,12 @@ impl KafkaCluster {
         let ids: Vec<u32> = (1..=opts.nodes).collect();
         let brokers: Vec<(String, Vec<Ipv4Addr>)> = ids
             .iter()
-            .map(|id| (format!("node{id}"), vec![host_addr(*id as u8), proxy_addr(*id)]))
+            .map(|id| {
+                (
+                    format!("node{id}"),
+                    vec![host_addr(*id as u8), proxy_addr(*id)],
+                )
+            })
             .collect();
         let mtls: Vec<&str> = opts.mtls_clients.iter().map(String::as_str).collect();
         let certs = Certs::generate(&dir.join("certs"), &brokers, &mtls)?;
@@ -422,7 +442,10 @@ impl KafkaCluster {
                 .replace("@PROXY_ADDR@", &proxy_addr(n.id).to_string())
                 .replace("@CONTROLLERS@", &controllers.join(","))
                 .replace("@LOG_DIR@", &path_text(&n.dir.join("data")))
-                .replace("@KEYSTORE@", &path_text(&certs.keystore(&format!("node{}", n.id))))
+                .replace(
+                    "@KEYSTORE@",
+                    &path_text(&certs.keystore(&format!("node{}", n.id))),
+                )
                 .replace("@TRUSTSTORE@", &path_text(&certs.truststore()))
                 .replace("@STORE_PASSWORD@", &certs.store_password);
             for (k, v) in extra {
@@ -434,9 +457,12 @@ impl KafkaCluster {
         Ok(())
     }
 
-    /// `java -cp libs/* …` with the test log settings.
+    /// `java -cp libs/* …` with the test log settings, for a short-lived
+    /// tool: C1 only and the serial collector start it faster on 2 busy
+    /// cores, and it runs too briefly for the second JIT tier to pay.
     fn java(&self) -> Command {
         let mut c = Command::new("java");
+        c.args(TOOL_JVM);
         self.java_args(&mut c);
         c
     }
@@ -457,7 +483,14 @@ impl KafkaCluster {
         let voters: Vec<String> = self
             .nodes
             .iter()
-            .map(|n| format!("{}@{}:9095:{}", n.id, n.host.addr(), crate::kafka::cluster_id()))
+            .map(|n| {
+                format!(
+                    "{}@{}:9095:{}",
+                    n.id,
+                    n.host.addr(),
+                    crate::kafka::cluster_id()
+                )
+            })
             .collect();
         let passwords = self
             .secrets
@@ -469,8 +502,13 @@ impl KafkaCluster {
         for n in &self.nodes {
             let (stdout, stderr) = log_output(Some(&n.log()))?;
             let mut c = self.java();
-            c.args(["kafka.tools.StorageTool", "format", "--cluster-id", &cluster_id])
-                .args(["--initial-controllers", &voters.join(",")]);
+            c.args([
+                "kafka.tools.StorageTool",
+                "format",
+                "--cluster-id",
+                &cluster_id,
+            ])
+            .args(["--initial-controllers", &voters.join(",")]);
             for (user, pw) in &passwords {
                 c.arg("--add-scram")
                     .arg(format!("SCRAM-SHA-512=[name={user},password={pw}]"));
@@ -532,8 +570,8 @@ impl KafkaCluster {
             .stdout(stdout)
             .stderr(stderr);
         tie_to_parent(&mut cmd);
-        let child =
-            spawn_from_long_lived_thread(cmd).map_err(|e| format!("start node {}: {e}", node.id))?;
+        let child = spawn_from_long_lived_thread(cmd)
+            .map_err(|e| format!("start node {}: {e}", node.id))?;
         node.child = Some(child);
         Ok(())
     }
@@ -555,7 +593,9 @@ impl KafkaCluster {
     /// The harness's admin client (SASL_SSL as the super user [`ADMIN`],
     /// from the `admin` host).
     pub fn admin(&self) -> &AdminClient<DefaultClientContext> {
-        self.admin.as_ref().expect("the admin client lives as long as the cluster")
+        self.admin
+            .as_ref()
+            .expect("the admin client lives as long as the cluster")
     }
 
     /// The harness's own client host.
@@ -650,7 +690,11 @@ impl KafkaCluster {
     /// Cuts `host` off from node `node`, or from every node for `None`
     /// (the router drops both directions), until [`KafkaCluster::heal`].
     pub fn partition(&self, host: &Host, node: Option<u32>, how: Cut) -> Result<(), String> {
-        for n in self.nodes.iter().filter(|n| node.is_none_or(|id| id == n.id)) {
+        for n in self
+            .nodes
+            .iter()
+            .filter(|n| node.is_none_or(|id| id == n.id))
+        {
             self.net.cut(host, &n.host, how)?;
         }
         Ok(())
@@ -724,7 +768,10 @@ impl KafkaCluster {
             .ok_or_else(|| format!("node {id} is not running"))?;
         // SAFETY: kill(2) on our own running child; no memory involved.
         if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
-            return Err(format!("signal node {id}: {}", std::io::Error::last_os_error()));
+            return Err(format!(
+                "signal node {id}: {}",
+                std::io::Error::last_os_error()
+            ));
         }
         Ok(())
     }
@@ -755,7 +802,10 @@ impl KafkaCluster {
         loop {
             let log = self.node(id)?.log();
             if !self.node_mut(id)?.running() {
-                return Err(format!("node {id} exited during startup (log: {})", log.display()));
+                return Err(format!(
+                    "node {id} exited during startup (log: {})",
+                    log.display()
+                ));
             }
             let last = match self.metadata(None) {
                 Ok(m) if m.brokers().iter().any(|b| b.id() == id as i32) => return Ok(()),
@@ -878,6 +928,7 @@ impl KafkaCluster {
     /// `--command-config` are added) and returns its standard output.
     pub fn kafka_tool(&self, class: &str, args: &[&str]) -> Result<String, String> {
         let mut c = self.admin_host().host().command("java");
+        c.args(TOOL_JVM);
         self.java_args(&mut c);
         c.arg(class)
             .args([
@@ -953,25 +1004,60 @@ impl KafkaCluster {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(format!("topic {topic} has partitions without a leader after 30 s"));
+                return Err(format!(
+                    "topic {topic} has partitions without a leader after 30 s"
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
-    /// Grants `acls` (one CreateAcls request, as the admin).
+    /// Grants `acls` (one CreateAcls request, as the admin) and waits until
+    /// every broker the metadata lists has them: then they are in effect
+    /// wherever a client connects.
     pub fn grant(&self, acls: &[Acl]) -> Result<(), String> {
-        acl::create(self.admin(), acls, Duration::from_secs(30))
+        acl::create(self.admin(), acls, Duration::from_secs(30))?;
+        self.wait_acls(|listed| acls.iter().all(|a| listed.contains(a)), "granted")
     }
 
-    /// Revokes `acls` (one DeleteAcls request); returns those deleted.
+    /// Revokes `acls` (one DeleteAcls request), waits until no listed
+    /// broker has them, and returns those deleted.
     pub fn revoke(&self, acls: &[Acl]) -> Result<Vec<Acl>, String> {
-        acl::delete(self.admin(), acls, Duration::from_secs(30))
+        let deleted = acl::delete(self.admin(), acls, Duration::from_secs(30))?;
+        self.wait_acls(|listed| acls.iter().all(|a| !listed.contains(a)), "revoked")?;
+        Ok(deleted)
     }
 
-    /// Every ACL of the cluster, sorted.
+    /// Every ACL of the cluster, sorted (as one broker knows them).
     pub fn acls(&self) -> Result<Vec<Acl>, String> {
-        acl::list(self.admin(), Duration::from_secs(30))
+        acl::list(self.admin(), None, Duration::from_secs(30))
+    }
+
+    fn wait_acls(&self, done: impl Fn(&[Acl]) -> bool, what: &str) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let brokers: Vec<i32> = self
+            .metadata(None)?
+            .brokers()
+            .iter()
+            .map(|b| b.id())
+            .collect();
+        for id in brokers {
+            loop {
+                match acl::list(self.admin(), Some(id), Duration::from_secs(10)) {
+                    Ok(listed) if done(&listed) => break,
+                    Ok(_) | Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    Ok(listed) => {
+                        return Err(format!(
+                            "ACLs not {what} on broker {id} in 30 s: {listed:?}"
+                        ))
+                    }
+                    Err(e) => return Err(format!("list the ACLs of broker {id}: {e}")),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Resident memory of each running node's JVM, in KiB.
@@ -1068,7 +1154,11 @@ mod tests {
             if let Some(t) = f() {
                 return t;
             }
-            assert!(Instant::now() < deadline, "{what} within {} s", within.as_secs());
+            assert!(
+                Instant::now() < deadline,
+                "{what} within {} s",
+                within.as_secs()
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -1082,7 +1172,11 @@ mod tests {
     fn a_secured_cluster_denies_elects_and_partitions() {
         let t0 = Instant::now();
         let mut c = KafkaCluster::start(3).expect("cluster");
-        eprintln!("started in {} ms, RSS KiB {:?}", t0.elapsed().as_millis(), c.rss_kib());
+        eprintln!(
+            "started in {} ms, RSS KiB {:?}",
+            t0.elapsed().as_millis(),
+            c.rss_kib()
+        );
         let controller = c.active_controller().expect("describe quorum");
         assert!((1..=3).contains(&controller), "{controller}");
         c.create_topic("t", 3, 3, &[]).expect("topic");
@@ -1101,24 +1195,37 @@ mod tests {
             rt.block_on(async {
                 for i in 0..n {
                     let v = format!("v{i}");
-                    p.send(FutureRecord::to("t").key(&v).payload(&v), Duration::from_secs(10))
-                        .await
-                        .map_err(|(e, _)| e.to_string())?;
+                    p.send(
+                        FutureRecord::to("t").key(&v).payload(&v),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .map_err(|(e, _)| e.to_string())?;
                 }
                 Ok(())
             })
         };
         let denied = produce(1).expect_err("no ACL, no produce");
-        assert!(denied.contains("authoriz") || denied.contains("Authoriz"), "{denied}");
+        assert!(
+            denied.contains("authoriz") || denied.contains("Authoriz"),
+            "{denied}"
+        );
         let write = [Operation::Write, Operation::Describe]
             .map(|op| Acl::allow("producer", op, ResourceType::Topic, "t"));
         c.grant(&write).expect("grant");
-        until("the grant takes effect", Duration::from_secs(20), || produce(10).ok());
+        until("the grant takes effect", Duration::from_secs(20), || {
+            produce(10).ok()
+        });
 
         // An mTLS client (User:graphsink-mtls) reads them in a group.
         let read = vec![
             Acl::allow("graphsink-mtls", Operation::Read, ResourceType::Topic, "t"),
-            Acl::allow("graphsink-mtls", Operation::Describe, ResourceType::Topic, "t"),
+            Acl::allow(
+                "graphsink-mtls",
+                Operation::Describe,
+                ResourceType::Topic,
+                "t",
+            ),
             Acl::allow("graphsink-mtls", Operation::Read, ResourceType::Group, "g"),
         ];
         c.grant(&read).expect("grant");
@@ -1126,7 +1233,8 @@ mod tests {
         for (k, v) in host.mtls_properties("graphsink-mtls") {
             cfg.set(k, v);
         }
-        cfg.set("group.id", "g").set("auto.offset.reset", "earliest");
+        cfg.set("group.id", "g")
+            .set("auto.offset.reset", "earliest");
         let consumer: BaseConsumer = host.create(&cfg).expect("mTLS consumer");
         consumer.subscribe(&["t"]).unwrap();
         let mut got = 0;
@@ -1137,7 +1245,9 @@ mod tests {
             }
             (got >= 10).then_some(())
         });
-        consumer.commit_consumer_state(CommitMode::Sync).expect("commit");
+        consumer
+            .commit_consumer_state(CommitMode::Sync)
+            .expect("commit");
         let coordinator = c.group_coordinator("g").unwrap().expect("a coordinator");
         let described = c
             .kafka_tool(
@@ -1145,7 +1255,10 @@ mod tests {
                 &["--describe", "--group", "g", "--state"],
             )
             .expect("describe group");
-        assert!(described.contains(&format!("({coordinator})")), "{coordinator}: {described}");
+        assert!(
+            described.contains(&format!("({coordinator})")),
+            "{coordinator}: {described}"
+        );
         drop(consumer);
         assert_eq!(c.revoke(&read).expect("revoke").len(), 3);
 
@@ -1153,7 +1266,10 @@ mod tests {
         let leader = c.leader("t", 0).unwrap().expect("a leader") as u32;
         c.kill_node(leader).unwrap();
         until("a new leader", Duration::from_secs(60), || {
-            c.leader("t", 0).ok().flatten().filter(|l| *l as u32 != leader)
+            c.leader("t", 0)
+                .ok()
+                .flatten()
+                .filter(|l| *l as u32 != leader)
         });
         c.start_node(leader).expect("restart on kept data");
         c.wait_in_sync(Duration::from_secs(120)).expect("in sync");

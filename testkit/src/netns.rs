@@ -97,7 +97,11 @@ fn alive(pid: u32) -> bool {
 /// The processes in namespace `ns`.
 fn pids_in(ns: &str) -> Vec<u32> {
     ip(&["netns", "pids", ns])
-        .map(|out| out.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+        .map(|out| {
+            out.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -257,9 +261,11 @@ impl Network {
     pub fn new() -> Result<Network, String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            return Err("network namespaces need root (`ip netns add`); run the test as root, \
+            return Err(
+                "network namespaces need root (`ip netns add`); run the test as root, \
                         as this project's machines do"
-                .into());
+                    .into(),
+            );
         }
         for ns in sweep_stale() {
             eprintln!("graphsink-testkit: deleted the stale network namespace {ns}");
@@ -270,9 +276,8 @@ impl Network {
             NEXT_NETWORK.fetch_add(1, Ordering::Relaxed)
         );
         let hub = format!("{prefix}-hub");
-        ip(&["netns", "add", &hub]).map_err(|e| {
-            format!("cannot make a network namespace, so no test network: {e}")
-        })?;
+        ip(&["netns", "add", &hub])
+            .map_err(|e| format!("cannot make a network namespace, so no test network: {e}"))?;
         // From here on a failure deletes the hub (Shared's drop).
         let shared = Arc::new(Shared {
             prefix,
@@ -284,9 +289,18 @@ impl Network {
         // The router's own packets (the ICMP errors of an `unreachable`
         // cut) pass every cut: else isolating a host would also drop the
         // error that tells it so.
-        ip(&["-n", &hub, "rule", "add", "pref", "99", "iif", "lo", "lookup", "main"])?;
+        ip(&[
+            "-n", &hub, "rule", "add", "pref", "99", "iif", "lo", "lookup", "main",
+        ])?;
         let out = Command::new("ip")
-            .args(["netns", "exec", &hub, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+            .args([
+                "netns",
+                "exec",
+                &hub,
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+            ])
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("run sysctl in {hub}: {e}"))?;
@@ -354,7 +368,9 @@ impl Network {
         let router = format!("{}/24", router_addr(index));
         let net = format!("{}.{}.0.0/16", NET[0], NET[1]);
         let gateway = router_addr(index).to_string();
-        ip(&["-n", hub, "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns])?;
+        ip(&[
+            "-n", hub, "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+        ])?;
         ip(&["-n", hub, "addr", "add", &router, "dev", &veth])?;
         ip(&["-n", hub, "link", "set", &veth, "up"])?;
         ip(&["-n", &ns, "link", "set", "lo", "up"])?;
@@ -487,7 +503,16 @@ impl Host {
     /// Adds `addr`/32 to this host's loopback: an address only this host
     /// reaches (where a sidecar such as Toxiproxy listens).
     pub fn add_local_address(&self, addr: Ipv4Addr) -> Result<(), String> {
-        ip(&["-n", &self.inner.ns, "addr", "add", &format!("{addr}/32"), "dev", "lo"]).map(|_| ())
+        ip(&[
+            "-n",
+            &self.inner.ns,
+            "addr",
+            "add",
+            &format!("{addr}/32"),
+            "dev",
+            "lo",
+        ])
+        .map(|_| ())
     }
 
     /// The processes running in this host's namespace.
@@ -552,7 +577,10 @@ mod tests {
         net.cut(&a, &b, Cut::Blackhole).expect("cut");
         let t = Instant::now();
         let e = greets(&a, to_b).expect_err("a is cut from b");
-        assert!(t.elapsed() >= Duration::from_millis(900), "a silent drop times out: {e}");
+        assert!(
+            t.elapsed() >= Duration::from_millis(900),
+            "a silent drop times out: {e}"
+        );
         greets(&a, to_c).expect("a still reaches c");
         net.heal(&a, &b).expect("heal");
         greets(&a, to_b).expect("a reaches b again");
@@ -560,7 +588,10 @@ mod tests {
         net.isolate(&a, Cut::Unreachable).expect("isolate");
         let t = Instant::now();
         let e = greets(&a, to_c).expect_err("a is cut from everyone");
-        assert!(t.elapsed() < Duration::from_millis(900), "unreachable fails at once: {e}");
+        assert!(
+            t.elapsed() < Duration::from_millis(900),
+            "unreachable fails at once: {e}"
+        );
         greets(&b, to_c).expect("b still reaches c");
         net.rejoin(&a).expect("rejoin");
         greets(&a, to_c).expect("a reaches c again");

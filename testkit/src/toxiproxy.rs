@@ -132,7 +132,9 @@ impl Toxiproxy {
         let bin = ensure()?;
         let (stdout, stderr) = log_output(log)?;
         let mut cmd = host.command(&bin);
+        // Warnings only: at its default level it logs every connection.
         cmd.args(["-host", "127.0.0.1", "-port", "8474"])
+            .env("LOG_LEVEL", "warn")
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr);
@@ -148,7 +150,10 @@ impl Toxiproxy {
             match proxy.call("GET", "/version", None) {
                 Ok(_) => return Ok(proxy),
                 Err(e) if Instant::now() > deadline => {
-                    return Err(format!("Toxiproxy on {} not ready in 20 s: {e}", host.name()))
+                    return Err(format!(
+                        "Toxiproxy on {} not ready in 20 s: {e}",
+                        host.name()
+                    ))
                 }
                 Err(_) => {
                     if let Some(Ok(Some(status))) = proxy.child.as_mut().map(Child::try_wait) {
@@ -356,7 +361,10 @@ mod tests {
         );
         tp.remove_toxic("echo", "slow").expect("remove");
         let after = round_trip().expect("round trip");
-        assert!(after < Duration::from_millis(50), "toxic removed: {after:?}");
+        assert!(
+            after < Duration::from_millis(50),
+            "toxic removed: {after:?}"
+        );
 
         let reset = Toxic::ResetPeer {
             after: Duration::ZERO,

@@ -2,6 +2,7 @@
 //! tables on disk, the real binary where a process must die.
 
 mod cdc;
+mod cluster;
 mod edges;
 mod evolution;
 mod formats;
