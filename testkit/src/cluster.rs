@@ -1262,6 +1262,37 @@ mod tests {
         drop(consumer);
         assert_eq!(c.revoke(&read).expect("revoke").len(), 3);
 
+        // A transactional id's coordinator, as Kafka's own tool names it.
+        c.grant(&[Acl::allow(
+            "producer",
+            Operation::Write,
+            ResourceType::TransactionalId,
+            "tx",
+        )])
+        .expect("grant");
+        let mut cfg = host.sasl_config("producer").unwrap();
+        cfg.set("transactional.id", "tx");
+        let txp: FutureProducer = host.create(&cfg).expect("transactional producer");
+        rdkafka::producer::Producer::init_transactions(&txp, Duration::from_secs(60))
+            .expect("init transactions");
+        let coordinator = c
+            .transaction_coordinator("tx")
+            .unwrap()
+            .expect("a coordinator");
+        let described = c
+            .kafka_tool(
+                "org.apache.kafka.tools.TransactionsCommand",
+                &["describe", "--transactional-id", "tx"],
+            )
+            .expect("describe transaction");
+        let named = described
+            .lines()
+            .nth(1)
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|id| id.parse::<i32>().ok());
+        assert_eq!(named, Some(coordinator), "{described}");
+        drop(txp);
+
         // kill -9 of a leader: another replica leads; back, it catches up.
         let leader = c.leader("t", 0).unwrap().expect("a leader") as u32;
         c.kill_node(leader).unwrap();

@@ -560,6 +560,30 @@ mod tests {
         Ok(())
     }
 
+    /// A namespace whose process is gone is deleted by the next network's
+    /// sweep, with what still runs in it; a live process's is kept.
+    #[test]
+    fn stale_namespaces_are_swept() {
+        let mut gone = Command::new("true").spawn().expect("spawn");
+        let dead = gone.id();
+        gone.wait().unwrap();
+        let stale = format!("{PREFIX}{dead}x0-hub");
+        let live = format!("{PREFIX}{}x999-probe", std::process::id());
+        ip(&["netns", "add", &stale]).expect("add");
+        ip(&["netns", "add", &live]).expect("add");
+        let mut sleeper = Command::new("ip")
+            .args(["netns", "exec", &stale, "sleep", "60"])
+            .spawn()
+            .expect("spawn in the stale namespace");
+        let _net = Network::new().expect("network");
+        let left = ip(&["netns", "list"]).unwrap();
+        let _ = ip(&["netns", "del", &live]);
+        assert!(!left.contains(&stale), "{stale} swept: {left}");
+        assert!(left.contains(&live), "{live} kept: {left}");
+        let status = sleeper.wait().expect("wait");
+        assert!(!status.success(), "what ran in it was killed: {status}");
+    }
+
     /// Hosts reach each other through the router; a cut stops that both
     /// ways (silently or at once, as asked), heal restores it, and the
     /// namespaces are gone once dropped.
