@@ -42,6 +42,19 @@
 #   ensure_sr_client    Confluent's Python client with its Avro, Protobuf and
 #                       JSON serializers, and pylance, in a venv once; sets
 #                       SR_PYTHON (the tests' independent producer and reader)
+#   ensure_toxiproxy    build Toxiproxy 2.5.0 with go install once; sets TOXIPROXY_BIN
+#   start_kafka_cluster [N]  N (default 3) secured KRaft nodes (SASL_SSL
+#                       SCRAM-SHA-512, mTLS, ACLs, RF 3) in network namespaces,
+#                       and a client namespace whose Toxiproxy stands before
+#                       each node; sets GRAPHSINK_CLUSTER_* (scripts/kafka/cluster.sh)
+#   stop_kafka_cluster  stop it, delete its namespaces (idempotent)
+#   cluster_exec CMD    run CMD in the client namespace
+#   kafka_cluster_tool CLASS ARGS  a Kafka tool (AclCommand, ConfigCommand, ...)
+#                       as the super user admin
+#   kafka_cluster_node stop|kill|start|freeze|thaw ID
+#   kafka_cluster_cut ID|all [blackhole|unreachable], kafka_cluster_heal
+#   kafka_cluster_toxic TYPE ATTRS [ID|all] [STREAM], kafka_cluster_toxics_reset
+#   netns_sweep         delete namespaces left by processes that are gone
 
 GRAPHSINK_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GRAPHSINK_CACHE="${GRAPHSINK_CACHE:-${HOME:?HOME is not set}/.cache/graphsink}"
@@ -106,9 +119,15 @@ ensure_tansu() {
 
 # Apache Kafka's own jars from Maven Central, once per machine. The Rust
 # testkit (testkit/src/kafka.rs) starts brokers from the same folder.
+# .complete holds the sha256 of the pom it was resolved from: a pom that
+# gained a dependency (kafka-tools did) is resolved again into the same
+# folder, adding jars and removing none, so brokers running from it keep
+# theirs.
 ensure_kafka() {
     export KAFKA_LIBS="$KAFKA_ROOT/libs"
-    [ -e "$KAFKA_ROOT/.complete" ] && return 0
+    local pom="$GRAPHSINK_REPO/scripts/kafka/pom.xml" want
+    want="$(sha256sum "$pom" | cut -d' ' -f1)"
+    [ "$(cat "$KAFKA_ROOT/.complete" 2>/dev/null)" = "$want" ] && return 0
     have java || die "java not found: Apache Kafka $KAFKA_VERSION needs Java 17 (the polyglot machine has it), or set GRAPHSINK_TEST_BROKER=host:port"
     have mvn || die "mvn not found: the test broker needs Maven Central (the polyglot machine) or GRAPHSINK_TEST_BROKER=host:port"
     log "resolving Apache Kafka $KAFKA_VERSION with Maven into $KAFKA_ROOT (once per machine)"
@@ -116,12 +135,13 @@ ensure_kafka() {
     local started; started="$(_now_ms)"
     # shellcheck disable=SC2016
     flock "$GRAPHSINK_CACHE/kafka-install.lock" bash -c '
-        [ -e "$1/.complete" ] && exit 0
-        rm -rf "$1" && mkdir -p "$1" &&
+        [ "$(cat "$1/.complete" 2>/dev/null)" = "$3" ] && exit 0
+        [ -d "$1/libs" ] || { rm -rf "$1" && mkdir -p "$1"; }
+        rm -f "$1/.complete" &&
             mvn -q -B -f "$2" dependency:copy-dependencies -DincludeScope=runtime \
                 -DoutputDirectory="$1/libs" </dev/null >"$1/mvn.log" 2>&1 &&
-            touch "$1/.complete"
-    ' _ "$KAFKA_ROOT" "$GRAPHSINK_REPO/scripts/kafka/pom.xml" || {
+            echo "$3" >"$1/.complete"
+    ' _ "$KAFKA_ROOT" "$pom" "$want" || {
         tail -n 30 "$KAFKA_ROOT/mvn.log" >&2 || true
         die "could not resolve Apache Kafka $KAFKA_VERSION from Maven Central: the test broker needs Maven Central (the polyglot machine) or GRAPHSINK_TEST_BROKER=host:port"
     }
@@ -260,12 +280,15 @@ start_kafka() {
 }
 
 # An ApiVersions request (v0) that gets a reply with error code 0: the broker
-# answers Kafka requests, not just TCP.
-_kafka_answers() {
-    python3 - "$1" <<'PY' 2>/dev/null
-import socket, struct, sys
+# answers Kafka requests, not just TCP. With a CA file as $2, over TLS,
+# checking the broker's certificate and its address against it (ApiVersions
+# is answered before SASL authentication).
+_KAFKA_PROBE_PY='
+import socket, ssl, struct, sys
 host, port = sys.argv[1].rsplit(":", 1)
 s = socket.create_connection((host, int(port)), timeout=2)
+if sys.argv[2]:
+    s = ssl.create_default_context(cafile=sys.argv[2]).wrap_socket(s, server_hostname=host)
 client = b"graphsink-probe"
 body = struct.pack(">hhih", 18, 0, 1, len(client)) + client  # ApiVersions v0
 s.sendall(struct.pack(">i", len(body)) + body)
@@ -281,8 +304,8 @@ size, = struct.unpack(">i", read(4))
 reply = read(size)
 corr, err = struct.unpack(">ih", reply[:6])
 sys.exit(0 if corr == 1 and err == 0 else 1)
-PY
-}
+'
+_kafka_answers() { python3 -c "$_KAFKA_PROBE_PY" "$1" "${2:-}" 2>/dev/null; }
 
 stop_kafka() { stop_broker; }
 
@@ -628,3 +651,8 @@ step() {
     printf '\n$ graphsink %s\n' "$*" >&2
     "$gs" "$@"
 }
+
+# The secured Kafka cluster in network namespaces (start_kafka_cluster and
+# its helpers).
+# shellcheck source=scripts/kafka/cluster.sh
+source "$GRAPHSINK_REPO/scripts/kafka/cluster.sh"

@@ -59,6 +59,10 @@ fi
 trap 'stop_broker; stop_s3; stop_prometheus; stop_apicurio' EXIT
 use_broker
 use_s3
+# The secured cluster's tests (testkit/src/cluster.rs, tests/e2e/cluster.rs)
+# put a Toxiproxy before each node; built once (the tests would build it
+# too, but here its log stays out of theirs).
+ensure_toxiproxy
 # A real Prometheus scrapes graphsink in tests/e2e/ops.rs.
 ensure_prometheus
 start_prometheus

@@ -90,7 +90,7 @@ fn free_port() -> Result<u16, String> {
 /// as `kafka-storage random-uuid` prints (one JVM start saved). Like
 /// Kafka's own `Uuid.randomUuid`, never one that starts with `-`, which a
 /// command line would take for an option.
-fn cluster_id() -> String {
+pub(crate) fn cluster_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     loop {
         let mut bytes = [0u8; 16];

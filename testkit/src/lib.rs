@@ -6,19 +6,31 @@
 //! storage-fault tests. The hostile-input generator feeds the reject tests. The test Schema
 //! Registry serves the registry formats' tests, and their registry faults.
 //! `containers` is a second broker backend (Kafka in a container).
+//! `cluster` is the production-shaped one: three secured, replicated Kafka
+//! nodes on a network of namespaces (`netns`) with Toxiproxy before each
+//! (`toxiproxy`), its certificates (`certs`) and ACLs (`acl`).
 
+pub mod acl;
 pub mod broker;
+pub mod certs;
+pub mod cluster;
 pub mod containers;
 pub mod faults;
 pub mod hostile;
 pub mod kafka;
+pub mod netns;
 pub mod registry;
 pub mod s3;
 pub mod tansu;
+pub mod toxiproxy;
 
+pub use acl::{Acl, Operation, PatternType, ResourceType};
 pub use broker::{Backend as BrokerBackend, TestBroker};
+pub use cluster::{ClientHost, KafkaCluster, Listener, Options as ClusterOptions};
 pub use faults::{Exchange, Fault, FaultProxy, Rule, RuleId};
 pub use kafka::Kafka;
+pub use netns::{Cut, Host, Network};
 pub use registry::TestRegistry;
 pub use s3::S3Server;
 pub use tansu::{tie_to_parent, Options as TansuOptions, Tansu};
+pub use toxiproxy::{Stream, Toxic, Toxiproxy};

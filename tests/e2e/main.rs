@@ -3,6 +3,7 @@
 
 mod binary;
 mod cdc;
+mod cluster;
 mod edges;
 mod evolution;
 mod formats;
