@@ -13,9 +13,10 @@
 //!
 //! The parts: `args` (the command line), `kafka/` (the Kafka phases and
 //! what they share), `measure` (samplers and arithmetic), `sink`
-//! (graphsink in process or in a child), `baselines`, `workload`,
-//! `formats`, `report`; one file per other mode (`history`, `size`,
-//! `evolve`, `storage`) and per environment (`broker`, `s3`, `threads`).
+//! (graphsink in process or in a child), `baselines`, `workload` (the
+//! records), `formats` (their encodings), `produce` (sending them),
+//! `report`; one file per other mode (`history`, `size`, `evolve`,
+//! `storage`) and per environment (`broker`, `s3`, `threads`).
 
 mod args;
 mod baselines;
@@ -27,6 +28,7 @@ mod history;
 mod hop;
 mod kafka;
 mod measure;
+mod produce;
 mod report;
 mod s3;
 mod sink;
