@@ -32,7 +32,7 @@ pub struct Migration {
 /// Applies the schema change `graph` waits for (opened with a config whose
 /// schema differs from the graph's), as `run` does at start; `None` when
 /// it waits for none.
-pub async fn migrate(graph: &Graph, config: &crate::Config) -> Result<Option<Migration>> {
+pub async fn migrate(graph: &Graph, config: &crate::config::Config) -> Result<Option<Migration>> {
     let policies = Policies::from_config(config);
     let m = Box::pin(crate::fold::migrate(
         graph,
@@ -83,7 +83,7 @@ pub async fn known_ids_agree(
     graph: &Graph,
     policies: &Policies,
     table: &str,
-) -> crate::Result<Option<bool>> {
+) -> Result<Option<bool>> {
     crate::fold::known_ids_agree(graph, &policies.known_ids, table).await
 }
 

@@ -16,7 +16,7 @@ use clap::{Parser, Subcommand};
 
 use crate::commands;
 use crate::config::{Config, LogFormat};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::redact;
 use args::RejectFilterArgs;
 
@@ -196,7 +196,7 @@ pub fn main() -> ExitCode {
     match rt.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            if let crate::Error::SchemaChanges { changes, .. } = &e {
+            if let Error::SchemaChanges { changes, .. } = &e {
                 for c in changes {
                     eprintln!("  {c}");
                 }
@@ -207,9 +207,9 @@ pub fn main() -> ExitCode {
                 print::one_line(&redact::text(&text))
             );
             ExitCode::from(match e.kind() {
-                crate::ErrorKind::BadConfig => 2,
-                crate::ErrorKind::Fenced => 3,
-                crate::ErrorKind::NotFound => 4,
+                ErrorKind::BadConfig => 2,
+                ErrorKind::Fenced => 3,
+                ErrorKind::NotFound => 4,
                 _ => 1,
             })
         }

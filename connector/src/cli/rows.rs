@@ -8,7 +8,7 @@ use arrow::array::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{ArrowError, SchemaRef};
 
-use crate::error::{Context, Result};
+use crate::error::{Context, Error, Result};
 use crate::read::{Direction, Neighbors, Rows};
 
 /// How `read` and `neighbors` print rows.
@@ -157,7 +157,7 @@ fn json_lines(batches: &[RecordBatch]) -> Result<Vec<String>> {
         w.write(b).ctx("rows as JSON")?;
     }
     w.finish().ctx("rows as JSON")?;
-    let text = String::from_utf8(w.into_inner()).map_err(|e| crate::Error::Bug(e.to_string()))?;
+    let text = String::from_utf8(w.into_inner()).map_err(|e| Error::Bug(e.to_string()))?;
     Ok(text.lines().map(str::to_string).collect())
 }
 
