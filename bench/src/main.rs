@@ -279,6 +279,14 @@ mod tests {
     use super::*;
     use crate::workload::Shape;
 
+    /// No import circle among the bench's files (the check every crate of
+    /// the workspace runs).
+    #[test]
+    fn no_import_circle() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        graphsink_testkit::imports::assert_no_circle(&src);
+    }
+
     /// The whole bench, small, in the debug build: every phase must count
     /// exactly the records produced and the graph must hold one row per
     /// distinct key, with a node/edge mix. Not a timed test: it asserts

@@ -6,11 +6,14 @@
 //! storage-fault tests. The hostile-input generator feeds the reject tests. The test Schema
 //! Registry serves the registry formats' tests, and their registry faults.
 //! `containers` is a second broker backend (Kafka in a container).
+//! `imports` reads a crate's sources for import circles: every crate of
+//! the workspace checks itself with it.
 
 pub mod broker;
 pub mod containers;
 pub mod faults;
 pub mod hostile;
+pub mod imports;
 pub mod kafka;
 pub mod registry;
 pub mod s3;
