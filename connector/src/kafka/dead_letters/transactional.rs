@@ -176,26 +176,26 @@ impl DeadLetters {
         let init = tokio::task::spawn_blocking(move || p.init_transactions(TXN_TIMEOUT))
             .await
             .map_err(|e| Error::joined("fold-reject producer init", e))?;
-        match init {
+        let e = match init {
             Ok(()) => {
                 tracing::info!(transactional_id = %id, "fold-reject producer initialised: any older folder is fenced and its open transaction aborted");
                 *fold = FoldMode::Transactional(producer.clone());
-                Ok(Some(producer))
+                return Ok(Some(producer));
             }
-            // Before the fallback: an ACL refusal is no missing feature.
-            Err(e) if self.producer_refusal(&producer, Some(&e)).is_some() => {
-                let r = self.producer_refusal(&producer, Some(&e)).expect("checked");
-                Err(self.denied(r, &self.topics().join(", "), true))
-            }
-            Err(e) if refuses_transactions(&e) => {
-                tracing::error!(transactional_id = %id, error = %e, "the dead-letter broker does not support transactions: fold rejects fall back to the read-back rule (exactly once across crashes, at least once across a frozen folder's late produce); set errors.dead_letter_transactions = false to say so in the config");
-                *fold = FoldMode::ReadBack;
-                Ok(None)
-            }
-            Err(e) => Err(Error::Broker(format!(
-                "kafka: cannot init the fold-reject producer {id}: {e}"
-            ))),
+            Err(e) => e,
+        };
+        // Before the fallback: an ACL refusal is no missing feature.
+        if let Some(r) = self.producer_refusal(&producer, Some(&e)) {
+            return Err(self.denied(r, &self.topics().join(", "), true));
         }
+        if refuses_transactions(&e) {
+            tracing::error!(transactional_id = %id, error = %e, "the dead-letter broker does not support transactions: fold rejects fall back to the read-back rule (exactly once across crashes, at least once across a frozen folder's late produce); set errors.dead_letter_transactions = false to say so in the config");
+            *fold = FoldMode::ReadBack;
+            return Ok(None);
+        }
+        Err(Error::Broker(format!(
+            "kafka: cannot init the fold-reject producer {id}: {e}"
+        )))
     }
 
     /// One transaction: begin, produce every reject, commit. A failed
