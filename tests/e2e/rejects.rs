@@ -598,81 +598,52 @@ async fn an_uncommitted_fold_reject_attempt_is_never_seen() {
     assert_eq!(dlq[0].header("graphsink.stage").as_deref(), Some("fold"));
 }
 
-/// A dead-letter cluster that refuses transactions to graphsink: fold
-/// rejects fall back to the read-back rule, said once at ERROR per process
-/// (docs/dead-letters.md, "Without transactions"). The rule then keeps a
-/// fold reject once across a crash between its produce and its delivery
-/// mark: the restart reads it back and does not produce it again.
+/// A dead-letter cluster that refuses graphsink its fold-reject
+/// `transactional.id` (an ACL) is no cluster without transactions: the run
+/// stops with exit 5 and one line naming the permission, in graphsink's
+/// words and Kafka's, and falls back to nothing (issue 55). The read-back
+/// rule of issue 50 is for brokers that have no transactions
+/// (UNSUPPORTED_VERSION and the like), not for a permission an operator
+/// left out; a fold reject is not produced without it.
 ///
 /// The refusal is real: a private Apache Kafka 4.4 with the standard
 /// authorizer and an ACL that denies `Write` on the transactional ids
-/// `graphsink-fold-*` (as a cluster whose operator grants idempotent
-/// produce but not transactions would). Kafka answers `InitProducerId`
-/// with TRANSACTIONAL_ID_AUTHORIZATION_FAILED; idempotent produces, reads
+/// `graphsink-fold-*`; Kafka answers `InitProducerId` with
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED, while idempotent produces, reads
 /// and topic creation stay allowed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until kafka/dead_letters.rs::refuses_transactions counts TRANSACTIONAL_ID_AUTHORIZATION_FAILED as a refusal: graphsink retries the init for ever (issue 50)"]
-async fn a_cluster_that_refuses_transactions_gives_one_error_and_the_read_back_rule() {
+async fn a_refused_transactional_id_stops_the_run_naming_it() {
     crate::init_logs();
     let (kafka, bootstrap) = kafka_refusing_transactions();
     let tg = one_fold_reject(
         Backend::Local,
         &format!(
-            "[fold]\ninterval = \"1s\"\n[log]\nformat = \"json\"\n[errors.producer]\n\"bootstrap.servers\" = \"{bootstrap}\""
+            "[log]\nformat = \"json\"\n[errors.producer]\n\"bootstrap.servers\" = \"{bootstrap}\""
         ),
     )
     .await;
-    let dlq = |isolation| read_topic_to_end_on(&bootstrap, &tg.dlq, isolation);
-
-    // A crash after the produce, before the delivery mark.
-    let crashed = tg.spawn_capturing(
-        &["run", "--exit-at-end"],
-        &[("GRAPHSINK_FAILPOINTS", "fold.before_delivered_mark=abort")],
-    );
-    let (code, stderr) = crashed.exit_within(Duration::from_secs(120)).await;
-    assert_ne!(code, Some(0), "the failpoint aborts: {stderr}");
-    assert_eq!(fallback_errors(&stderr), 1, "{stderr}");
-    assert_eq!(
-        dlq("read_uncommitted").len(),
-        1,
-        "produced before the crash"
-    );
-
-    // The restart reads it back and skips it; a later fold's reject goes
-    // out the same way, without a second ERROR.
-    wait_for_no_members(&tg.group).await;
-    let restarted = tg.spawn_run_capturing(&[]);
-    produce(
-        &tg.topics[1],
-        &[rec(
-            0,
-            None,
-            Some(json!({"src": "a", "dst": "nobody else"})),
-        )],
-    )
-    .await;
-    wait_until("the second fold reject", Duration::from_secs(120), || {
-        dlq("read_uncommitted").len() >= 2
-    })
-    .await;
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(restarted.child.id() as i32, libc::SIGTERM) };
-    let (code, stderr) = restarted.exit_within(Duration::from_secs(60)).await;
-    assert_eq!(code, Some(0), "a clean stop: {stderr}");
-    assert_eq!(fallback_errors(&stderr), 1, "said once: {stderr}");
+    let run = tg.spawn_capturing(&["run", "--exit-at-end"], &[]);
+    let (code, stderr) = run.exit_within(Duration::from_secs(120)).await;
+    assert_eq!(code, Some(5), "a refused permission exits 5: {stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("graphsink: error: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
     assert!(
-        stderr.contains("fold rejects already on the dead-letter topic; not produced again"),
-        "the restart read the first back: {stderr}"
+        lines[0]
+            .contains("not authorized: graphsink needs WRITE on transactional id graphsink-fold-")
+            && lines[0].contains("(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)"),
+        "{}",
+        lines[0]
     );
-    let ids: BTreeMap<String, usize> = dlq("read_uncommitted")
-        .iter()
-        .map(|m| m.header("graphsink.reject_id").expect("reject_id"))
-        .fold(BTreeMap::new(), |mut n, id| {
-            *n.entry(id).or_default() += 1;
-            n
-        });
-    assert_eq!(ids.len(), 2, "two fold rejects: {ids:?}");
-    assert!(ids.values().all(|&n| n == 1), "each once: {ids:?}");
+    assert_eq!(fallback_errors(&stderr), 0, "no fallback: {stderr}");
+    assert!(
+        !stderr.contains("transaction failed; retrying"),
+        "no retry either: {stderr}"
+    );
+    let dlq = read_topic_to_end_on(&bootstrap, &tg.dlq, "read_uncommitted");
+    assert!(dlq.is_empty(), "nothing produced without it: {}", dlq.len());
     drop(kafka);
 }
 
