@@ -647,6 +647,124 @@ async fn a_refused_transactional_id_stops_the_run_naming_it() {
     drop(kafka);
 }
 
+/// Issue 50: a dead-letter broker that has no transactions (refuses
+/// `InitProducerId` as unsupported) gives one ERROR and the read-back rule:
+/// a crash after the produce and before the delivery mark re-delivers
+/// nothing, since the restart reads the topic back, and a later fold's
+/// reject goes out the same way, with no second ERROR.
+///
+/// The broker is librdkafka's own mock cluster whose `FindCoordinator`
+/// stops at version 0, which cannot name a transaction coordinator: a
+/// fake, because no real broker here lacks transactions (Apache Kafka has
+/// had them since 0.11; tansu 0.6 accepts them). librdkafka then refuses
+/// transactions itself, as against such a broker (UNSUPPORTED_FEATURE,
+/// fatal to the transactional producer), while its idempotent produces
+/// work. The mapped topics stay on the real Kafka.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_broker_without_transactions_gives_one_error_and_the_read_back_rule() {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::RDKafkaApiKey;
+    crate::init_logs();
+    let mock = MockCluster::new(1).expect("librdkafka's mock cluster");
+    mock.apiversion(RDKafkaApiKey::FindCoordinator, Some(0), Some(0))
+        .expect("FindCoordinator v0 only");
+    let bootstrap = mock.bootstrap_servers();
+    let tg = one_fold_reject(
+        Backend::Local,
+        &format!(
+            "[fold]\ninterval = \"1s\"\n[log]\nformat = \"json\"\n[errors.producer]\n\"bootstrap.servers\" = \"{bootstrap}\""
+        ),
+    )
+    .await;
+    mock.create_topic(&tg.dlq, 1, 1)
+        .expect("the dead-letter topic");
+    let dlq = |isolation| read_topic_to_end_on(&bootstrap, &tg.dlq, isolation);
+
+    // A crash after the produce, before the delivery mark.
+    let crashed = tg.spawn_capturing(
+        &["run", "--exit-at-end"],
+        &[("GRAPHSINK_FAILPOINTS", "fold.before_delivered_mark=abort")],
+    );
+    let (code, stderr) = crashed.exit_within(Duration::from_secs(120)).await;
+    assert_ne!(code, Some(0), "the failpoint aborts: {stderr}");
+    assert_eq!(fallback_errors(&stderr), 1, "{stderr}");
+    assert_eq!(
+        dlq("read_uncommitted").len(),
+        1,
+        "produced before the crash"
+    );
+
+    // The restart reads it back and skips it; a later fold's reject goes
+    // out the same way, without a second ERROR.
+    wait_for_no_members(&tg.group).await;
+    let restarted = tg.spawn_run_capturing(&[]);
+    produce(
+        &tg.topics[1],
+        &[rec(
+            0,
+            None,
+            Some(json!({"src": "a", "dst": "nobody else"})),
+        )],
+    )
+    .await;
+    wait_until("the second fold reject", Duration::from_secs(120), || {
+        dlq("read_uncommitted").len() >= 2
+    })
+    .await;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(restarted.child.id() as i32, libc::SIGTERM) };
+    let (code, stderr) = restarted.exit_within(Duration::from_secs(60)).await;
+    assert_eq!(code, Some(0), "a clean stop: {stderr}");
+    assert_eq!(fallback_errors(&stderr), 1, "said once: {stderr}");
+    assert!(
+        stderr.contains("fold rejects already on the dead-letter topic; not produced again"),
+        "the restart read the first back: {stderr}"
+    );
+    let ids: BTreeMap<String, usize> = dlq("read_uncommitted")
+        .iter()
+        .map(|m| m.header("graphsink.reject_id").expect("reject_id"))
+        .fold(BTreeMap::new(), |mut n, id| {
+            *n.entry(id).or_default() += 1;
+            n
+        });
+    assert_eq!(ids.len(), 2, "two fold rejects: {ids:?}");
+    assert!(ids.values().all(|&n| n == 1), "each once: {ids:?}");
+    drop(mock);
+}
+
+/// The same broker as seen by its user: one without `InitProducerId` at
+/// all (librdkafka's mock cluster with the API taken out: a fake, as
+/// above) has no idempotent producer either, so the user turns
+/// idempotence off for the dead-letter producer; transactions need it, so
+/// fold rejects take the read-back rule, said once at ERROR.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_producer_without_idempotence_takes_the_read_back_rule() {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::RDKafkaApiKey;
+    crate::init_logs();
+    let mock = MockCluster::new(1).expect("librdkafka's mock cluster");
+    mock.apiversion(RDKafkaApiKey::InitProducerId, None, None)
+        .expect("take InitProducerId out");
+    let bootstrap = mock.bootstrap_servers();
+    let tg = one_fold_reject(
+        Backend::Local,
+        &format!(
+            "[log]\nformat = \"json\"\n[errors.producer]\n\"bootstrap.servers\" = \"{bootstrap}\"\n\"enable.idempotence\" = \"false\""
+        ),
+    )
+    .await;
+    mock.create_topic(&tg.dlq, 1, 1)
+        .expect("the dead-letter topic");
+    let run = tg.spawn_capturing(&["run", "--exit-at-end"], &[]);
+    let (code, stderr) = run.exit_within(Duration::from_secs(120)).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(fallback_errors(&stderr), 1, "{stderr}");
+    assert!(stderr.contains("enable.idempotence = false"), "{stderr}");
+    let dlq = read_topic_to_end_on(&bootstrap, &tg.dlq, "read_uncommitted");
+    assert_eq!(dlq.len(), 1, "the fold reject, once");
+    drop(mock);
+}
+
 /// A private Kafka whose ACLs deny graphsink's fold-reject transactional
 /// ids, and its address.
 fn kafka_refusing_transactions() -> (graphsink_testkit::Kafka, String) {

@@ -379,12 +379,20 @@ mod tests {
 
     #[test]
     fn a_commit_the_group_refuses_for_a_gone_member_is_a_hand_off() {
-        for code in [C::UnknownMemberId, C::IllegalGeneration, C::RebalanceInProgress] {
-            assert!(no_longer_member(&Error::Kafka(KafkaError::ConsumerCommit(code))));
+        for code in [
+            C::UnknownMemberId,
+            C::IllegalGeneration,
+            C::RebalanceInProgress,
+        ] {
+            assert!(no_longer_member(&Error::Kafka(KafkaError::ConsumerCommit(
+                code
+            ))));
         }
         // Trouble that passes, or a refusal, is not a hand-off.
         for code in [C::CoordinatorNotAvailable, C::GroupAuthorizationFailed] {
-            assert!(!no_longer_member(&Error::Kafka(KafkaError::ConsumerCommit(code))));
+            assert!(!no_longer_member(&Error::Kafka(
+                KafkaError::ConsumerCommit(code)
+            )));
         }
         assert!(!no_longer_member(&Error::Config("x".into())));
     }

@@ -170,6 +170,14 @@ impl DeadLetters {
             FoldMode::Uninitialised => &self.fold_client,
         };
         let id = self.transactional_id().to_string();
+        if cc.get("enable.idempotence").map(str::trim) == Some("false") {
+            // A user who turns idempotence off says the broker has no
+            // `InitProducerId` (librdkafka refuses a transactional producer
+            // without it): no transactions either.
+            tracing::error!(transactional_id = %id, "errors.producer sets enable.idempotence = false, which transactions need: fold rejects fall back to the read-back rule (exactly once across crashes, at least once across a frozen folder's late produce); set errors.dead_letter_transactions = false to say so in the config");
+            *fold = FoldMode::ReadBack;
+            return Ok(None);
+        }
         let producer: FutureProducer<ClientLog> =
             cc.create_with_context(ClientLog::noting(self.clients_saw.clone()))?;
         let p = producer.clone();
