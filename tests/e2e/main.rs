@@ -14,6 +14,7 @@ mod ops;
 mod pipeline;
 mod read;
 mod recovery;
+mod registry_tls;
 mod rejects;
 mod retention;
 mod scaleout;
