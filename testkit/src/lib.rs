@@ -26,6 +26,7 @@ pub mod netns;
 pub mod registry;
 pub mod s3;
 pub mod tansu;
+pub mod tls;
 pub mod toxiproxy;
 
 pub use acl::{Acl, Operation, PatternType, ResourceType};
@@ -38,4 +39,5 @@ pub use netns::{Cut, Host, Network};
 pub use registry::{Security as RegistrySecurity, TestRegistry};
 pub use s3::S3Server;
 pub use tansu::{tie_to_parent, Options as TansuOptions, Tansu};
+pub use tls::TlsFront;
 pub use toxiproxy::{Stream, Toxic, Toxiproxy};

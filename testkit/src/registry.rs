@@ -40,8 +40,9 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
+
+use crate::tls::acceptor;
 
 /// How a registry is reached beyond plain HTTP.
 #[derive(Debug, Clone, Default)]
@@ -222,59 +223,6 @@ impl Drop for TestRegistry {
             panic!("the test registry was asked what it does not implement: {missing:?}");
         }
     }
-}
-
-/// A TLS acceptor for the PEM certificate chain `cert` and PKCS#8 key
-/// `key` (ring's provider: the build has two, so none is the default).
-fn acceptor(cert: &std::path::Path, key: &std::path::Path) -> io::Result<TlsAcceptor> {
-    let bad = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
-    let chain: Vec<rustls::pki_types::CertificateDer<'static>> = pem_blocks(cert, "CERTIFICATE")?
-        .into_iter()
-        .map(rustls::pki_types::CertificateDer::from)
-        .collect();
-    let key_der = pem_blocks(key, "PRIVATE KEY")?
-        .into_iter()
-        .next()
-        .ok_or_else(|| bad(format!("{}: no PKCS#8 PRIVATE KEY", key.display())))?;
-    let key_der = rustls::pki_types::PrivateKeyDer::Pkcs8(key_der.into());
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| bad(e.to_string()))?
-    .with_no_client_auth()
-    .with_single_cert(chain, key_der)
-    .map_err(|e| bad(format!("{}: {e}", cert.display())))?;
-    Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
-/// The DER bytes of each `-----BEGIN {label}-----` block of a PEM file.
-fn pem_blocks(path: &std::path::Path, label: &str) -> io::Result<Vec<Vec<u8>>> {
-    use base64::Engine as _;
-    let text = std::fs::read_to_string(path)?;
-    let (begin, end) = (
-        format!("-----BEGIN {label}-----"),
-        format!("-----END {label}-----"),
-    );
-    let mut out = Vec::new();
-    let mut rest = text.as_str();
-    while let Some(at) = rest.find(&begin) {
-        let body = &rest[at + begin.len()..];
-        let stop = body.find(&end).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{}: unterminated {label}", path.display()),
-            )
-        })?;
-        let b64: String = body[..stop].split_whitespace().collect();
-        out.push(
-            base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
-        );
-        rest = &body[stop + end.len()..];
-    }
-    Ok(out)
 }
 
 fn serve(

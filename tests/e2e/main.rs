@@ -17,6 +17,7 @@ mod recovery;
 mod registry_tls;
 mod rejects;
 mod retention;
+mod s3_tls;
 mod scaleout;
 mod storage;
 
