@@ -19,6 +19,7 @@ mod rejects;
 mod retention;
 mod s3_tls;
 mod scaleout;
+mod security;
 mod storage;
 
 /// Writes the tracing output of in-process runs to the test's stderr.
