@@ -215,6 +215,64 @@ pub(crate) struct Args {
     /// server (an extra loopback hop) instead of moto's request log.
     #[arg(long)]
     pub s3_count_proxy: bool,
+    /// Instead of the Kafka phases: what security costs (issue 55). The
+    /// bare loop and graphsink read one backlog over TLS (`SSL`, with a
+    /// client certificate) as well as over plaintext, on the secured test
+    /// cluster (docs/security.md). With `--sasl`: over `SASL_SSL`
+    /// (SCRAM-SHA-512) instead.
+    #[arg(long)]
+    pub tls: bool,
+    /// With `--tls`: `SASL_SSL` with SCRAM-SHA-512 against plaintext. (The
+    /// test cluster serves SASL over TLS only, as production clusters do.)
+    #[arg(long)]
+    pub sasl: bool,
+    /// The protocols to compare, in the order measured (comma list of
+    /// `plaintext`, `ssl`, `sasl_ssl`); plaintext is always measured, first
+    /// when not listed. Adds to what `--tls` and `--sasl` choose.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub security: Vec<crate::cluster::Protocol>,
+    /// Also measure on a cluster of this many nodes (replication factor
+    /// N, `min.insync.replicas=2`, the producer's `acks=all` waiting for
+    /// the replicas) after the single node, in the same run and on the same
+    /// records. Alone, it compares the two over plaintext.
+    #[arg(long, default_value_t = 0)]
+    pub cluster: u32,
+    /// Internal: the security legs of one cluster, run by the bench in the
+    /// cluster's network namespace (the spec is JSON).
+    #[arg(long, hide = true)]
+    pub secured_child: Option<PathBuf>,
+}
+
+impl Args {
+    /// The security mode's protocols in the order measured, or none when
+    /// no flag of that mode is given.
+    pub(crate) fn protocols(&self) -> Result<Vec<crate::cluster::Protocol>, String> {
+        use crate::cluster::Protocol;
+        if !self.tls && !self.sasl && self.security.is_empty() && self.cluster == 0 {
+            return Ok(Vec::new());
+        }
+        if self.sasl && !self.tls {
+            return Err(
+                "--sasl needs --tls: the test cluster serves SASL over TLS only (SASL_SSL)".into(),
+            );
+        }
+        let mut out = self.security.clone();
+        match (self.tls, self.sasl) {
+            (true, true) => out.push(Protocol::SaslSsl),
+            (true, false) => out.push(Protocol::Ssl),
+            _ => {}
+        }
+        if !out.contains(&Protocol::Plaintext) {
+            out.insert(0, Protocol::Plaintext);
+        }
+        let mut seen = Vec::new();
+        out.retain(|p| {
+            let new = !seen.contains(p);
+            seen.push(*p);
+            new
+        });
+        Ok(out)
+    }
 }
 
 fn parse_prop(s: &str) -> Result<(String, String), String> {

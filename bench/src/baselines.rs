@@ -47,7 +47,7 @@ fn group_config(t: &Target, group: &str) -> ClientConfig {
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
-    for (k, v) in &t.consumer_props {
+    for (k, v) in t.security.iter().chain(&t.consumer_props) {
         cc.set(k, v);
     }
     cc

@@ -21,6 +21,7 @@
 mod args;
 mod baselines;
 mod broker;
+mod cluster;
 mod evolve;
 mod formats;
 mod freshness;
@@ -79,6 +80,10 @@ async fn run(a: Args) -> Result<(), BoxError> {
         }
         None => tmp.path().to_path_buf(),
     };
+    let protocols = a.protocols()?;
+    if !protocols.is_empty() {
+        return security_mode(&a, &protocols, &dir).await;
+    }
     if a.storage > 0 {
         return storage_mode(&a, &dir).await;
     }
@@ -143,6 +148,13 @@ async fn child(a: &Args) -> Result<bool, BoxError> {
         freshness::reader(spec).await?;
         return Ok(true);
     }
+    if let Some(spec) = &a.secured_child {
+        let tmp = tempfile::tempdir()?;
+        let dir = a.work_dir.as_deref().unwrap_or(tmp.path());
+        let figures = kafka::secured_child(a, spec, dir).await?;
+        println!("{}", serde_json::to_string(&figures)?);
+        return Ok(true);
+    }
     if let Some(spec) = &a.backlog_child {
         let spec: sink::BacklogSpec = serde_json::from_slice(&std::fs::read(spec)?)?;
         let run = sink::backlog_measured(&spec).await?;
@@ -150,6 +162,28 @@ async fn child(a: &Args) -> Result<bool, BoxError> {
         return Ok(true);
     }
     Ok(false)
+}
+
+/// `--tls`, `--sasl`, `--security`, `--cluster`: what security and
+/// replication cost.
+async fn security_mode(
+    a: &Args,
+    protocols: &[cluster::Protocol],
+    dir: &Path,
+) -> Result<(), BoxError> {
+    let r = kafka::secured_mode(a, protocols, dir).await?;
+    r.print();
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&r)?)?;
+    }
+    if r.count_mismatch() {
+        return Err(
+            "a leg consumed a different number of records than were produced, or its graph \
+                    holds other rows (COUNT MISMATCH above)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// `--storage`: bytes on disk against folds, retention on and off.

@@ -33,6 +33,11 @@ pub(crate) fn now_ms() -> f64 {
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Target {
     pub bootstrap: String,
+    /// librdkafka's security properties for every client of the phase
+    /// (`security.protocol`, `ssl.*`, `sasl.*`; none for plaintext). In
+    /// graphsink's config a `sasl.password` is `${GRAPHSINK_BENCH_SASL_PASSWORD}`.
+    #[serde(default)]
+    pub security: Vec<(String, String)>,
     pub topics: Topics,
     /// Extra librdkafka properties for every measured consumer (graphsink
     /// and both baselines alike), e.g. `fetch.wait.max.ms`.
@@ -73,11 +78,14 @@ impl CommitSampler {
         group: &str,
         every: Duration,
     ) -> Result<CommitSampler, BoxError> {
-        let c: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &t.bootstrap)
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", &t.bootstrap)
             .set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .create()?;
+            .set("enable.auto.commit", "false");
+        for (k, v) in &t.security {
+            cc.set(k, v);
+        }
+        let c: BaseConsumer = cc.create()?;
         let mut tpl = TopicPartitionList::new();
         for topic in t.topics.names() {
             for p in 0..t.topics.partitions {
@@ -339,7 +347,7 @@ actor = "graphsink-bench"
 [kafka]
 "bootstrap.servers" = "{bs}"
 "group.id" = "{group}"
-{extra}
+{security}{extra}
 
 [wal]
 buckets = {buckets}
@@ -386,7 +394,24 @@ coerce = "{coerce}"
             .collect::<String>(),
         dead_letter = quoted(&t.dead_letter_props),
         extra = quoted(&t.consumer_props),
+        security = quoted(&in_config(&t.security)),
     )
+}
+
+/// The security properties as graphsink's config holds them: the SCRAM
+/// password named, not written (graphsink reads it from the environment).
+fn in_config(security: &[(String, String)]) -> Vec<(String, String)> {
+    security
+        .iter()
+        .map(|(k, v)| {
+            let v = if k == "sasl.password" {
+                format!("${{{}}}", crate::cluster::PASSWORD_VAR)
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect()
 }
 
 /// The edge topic's `[[mapping]]`, if there is one. Edge ids are the Kafka

@@ -365,13 +365,18 @@ impl SelfCpu {
 
     pub(crate) fn cores(&self) -> Option<f64> {
         let secs = self.0.elapsed().as_secs_f64().max(1e-9);
+        self.secs().map(|cpu| cpu / secs)
+    }
+
+    /// CPU seconds since the start (10 ms resolution).
+    pub(crate) fn secs(&self) -> Option<f64> {
         let now = match self.2 {
             Some(pid) => cpu_ticks(pid),
             None => cpu_ticks_self(),
         };
         self.1
             .zip(now)
-            .map(|(a, b)| b.saturating_sub(a) as f64 / TICKS_PER_S / secs)
+            .map(|(a, b)| b.saturating_sub(a) as f64 / TICKS_PER_S)
     }
 }
 

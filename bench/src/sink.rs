@@ -37,6 +37,10 @@ pub(crate) struct BacklogRun {
     /// The process's CPU over the phase, in cores (the child's own when
     /// the phase ran in one), and per thread group (with the broker's).
     pub cpu_cores: Option<f64>,
+    /// The same as CPU seconds: the whole phase (open, ingest, the final
+    /// fold, close), not only the timed records.
+    #[serde(default)]
+    pub cpu_secs: Option<f64>,
     pub threads: Vec<GroupCpu>,
 }
 
@@ -133,6 +137,7 @@ pub(crate) async fn backlog(
         },
         restarts: stats.totals().restarts,
         cpu_cores: None,
+        cpu_secs: None,
         threads: Vec::new(),
     })
 }
@@ -197,6 +202,7 @@ pub(crate) async fn backlog_measured(spec: &BacklogSpec) -> Result<BacklogRun, B
     let threads = ThreadCpu::start(spec.broker_pid);
     let mut run = backlog(&spec.target, cfg, &spec.ends, spec.every).await?;
     run.cpu_cores = cpu.cores();
+    run.cpu_secs = cpu.secs();
     run.threads = threads.finish();
     Ok(run)
 }

@@ -80,6 +80,13 @@ impl Certs {
         self.dir.join("truststore.p12")
     }
 
+    /// Server `name`'s certificate and key (PEM, the key PKCS#8 and
+    /// unencrypted), made as a `brokers` entry of [`Certs::generate`]: for
+    /// any TLS server of a test (the registry's, an S3 server's).
+    pub fn server(&self, name: &str) -> (PathBuf, PathBuf) {
+        self.client(name)
+    }
+
     /// Broker `name`'s keystore (PKCS12).
     pub fn keystore(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.p12"))

@@ -116,7 +116,9 @@ pub struct Options {
     pub users: Vec<String>,
     /// Client certificates to make (their CN is their principal).
     pub mtls_clients: Vec<String>,
-    /// Settings appended to every node's (scripts/kafka/cluster.properties).
+    /// Settings appended to every node's (scripts/kafka/cluster.properties;
+    /// a later key overrides an earlier one), with the same `@...@`
+    /// placeholders filled in per node (`@ADDR@`, `@NODE_ID@`, ...).
     pub extra: Vec<(String, String)>,
     /// The JVM heap options; [`DEFAULT_HEAP`] or
     /// `GRAPHSINK_KAFKA_CLUSTER_HEAP` when `None`.
@@ -459,7 +461,11 @@ impl KafkaCluster {
             .collect();
         for n in &self.nodes {
             let certs = &self.secrets.certs;
-            let mut props = PROPERTIES
+            let mut text = PROPERTIES.to_string();
+            for (k, v) in extra {
+                text.push_str(&format!("{k}={v}\n"));
+            }
+            let props = text
                 .replace("@NODE_ID@", &n.id.to_string())
                 .replace("@ADDR@", &n.host.addr().to_string())
                 .replace("@PROXY_ADDR@", &proxy_addr(n.id).to_string())
@@ -471,9 +477,6 @@ impl KafkaCluster {
                 )
                 .replace("@TRUSTSTORE@", &path_text(&certs.truststore()))
                 .replace("@STORE_PASSWORD@", &certs.store_password);
-            for (k, v) in extra {
-                props.push_str(&format!("{k}={v}\n"));
-            }
             std::fs::write(n.properties(), props)
                 .map_err(|e| format!("write {}: {e}", n.properties().display()))?;
         }

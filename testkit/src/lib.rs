@@ -13,6 +13,7 @@
 //! the workspace checks itself with it.
 
 pub mod acl;
+pub mod apicurio;
 pub mod broker;
 pub mod certs;
 pub mod cluster;
@@ -25,15 +26,18 @@ pub mod netns;
 pub mod registry;
 pub mod s3;
 pub mod tansu;
+pub mod tls;
 pub mod toxiproxy;
 
 pub use acl::{Acl, Operation, PatternType, ResourceType};
+pub use apicurio::Apicurio;
 pub use broker::{Backend as BrokerBackend, TestBroker};
 pub use cluster::{ClientHost, KafkaCluster, Listener, Options as ClusterOptions};
 pub use faults::{Exchange, Fault, FaultProxy, Rule, RuleId};
 pub use kafka::Kafka;
 pub use netns::{Cut, Host, Network};
-pub use registry::TestRegistry;
+pub use registry::{Security as RegistrySecurity, TestRegistry};
 pub use s3::S3Server;
 pub use tansu::{tie_to_parent, Options as TansuOptions, Tansu};
+pub use tls::TlsFront;
 pub use toxiproxy::{Stream, Toxic, Toxiproxy};

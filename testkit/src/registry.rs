@@ -18,11 +18,17 @@
 //!
 //! Everything else is a JSON 404 (`{"error_code": 40403, ...}`); `GET
 //! /associations/...` (newer clients ask it) is expected, and not recorded.
+//!
+//! [`TestRegistry::start_secured`] serves it over TLS (a certificate and
+//! key in PEM, e.g. from [`crate::certs`]) and with HTTP basic auth, as a
+//! production registry is: a request without the right credentials is a
+//! 401 (`{"error_code": 40101}`) and changes nothing.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -34,6 +40,19 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tokio_rustls::TlsAcceptor;
+
+use crate::tls::acceptor;
+
+/// How a registry is reached beyond plain HTTP.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    /// The server's certificate (chain) and its PKCS#8 key, both PEM
+    /// files: serve `https://`.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// The `(user, password)` every request must carry in HTTP basic auth.
+    pub basic_auth: Option<(String, String)>,
+}
 
 /// One schema as stored: ids are positions + 1.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,6 +85,8 @@ struct State {
     delay: Duration,
     /// An injected status, and how many requests it still applies to.
     fail: Option<(u16, u32)>,
+    /// The `Authorization` header every request must carry, if any.
+    required: Option<String>,
 }
 
 struct Server {
@@ -77,25 +98,48 @@ pub struct TestRegistry {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
     server: Option<Server>,
+    tls: Option<TlsAcceptor>,
 }
 
 impl TestRegistry {
-    /// Serves on a free loopback port.
+    /// Serves plain HTTP on a free loopback port.
     pub fn start() -> io::Result<TestRegistry> {
+        TestRegistry::start_secured(&Security::default())
+    }
+
+    /// Serves on a free loopback port as `security` says.
+    pub fn start_secured(security: &Security) -> io::Result<TestRegistry> {
+        let tls = match &security.tls {
+            Some((cert, key)) => Some(acceptor(cert, key)?),
+            None => None,
+        };
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(Mutex::new(State::default()));
-        let server = Some(serve(listener, Arc::clone(&state))?);
+        let state = Arc::new(Mutex::new(State {
+            required: security.basic_auth.as_ref().map(|(user, password)| {
+                use base64::Engine as _;
+                let pair = format!("{user}:{password}");
+                format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(pair)
+                )
+            }),
+            ..State::default()
+        }));
+        let server = Some(serve(listener, Arc::clone(&state), tls.clone())?);
         Ok(TestRegistry {
             addr,
             state,
             server,
+            tls,
         })
     }
 
-    /// `http://127.0.0.1:PORT`, for `schema_registry.url`.
+    /// `http://127.0.0.1:PORT` (`https://` over TLS), for
+    /// `schema_registry.url`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -115,7 +159,7 @@ impl TestRegistry {
     pub fn restart(&mut self) -> io::Result<()> {
         self.stop();
         let listener = std::net::TcpListener::bind(self.addr)?;
-        self.server = Some(serve(listener, Arc::clone(&self.state))?);
+        self.server = Some(serve(listener, Arc::clone(&self.state), self.tls.clone())?);
         Ok(())
     }
 
@@ -181,7 +225,11 @@ impl Drop for TestRegistry {
     }
 }
 
-fn serve(listener: std::net::TcpListener, state: Arc<Mutex<State>>) -> io::Result<Server> {
+fn serve(
+    listener: std::net::TcpListener,
+    state: Arc<Mutex<State>>,
+    tls: Option<TlsAcceptor>,
+) -> io::Result<Server> {
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
@@ -201,14 +249,23 @@ fn serve(listener: std::net::TcpListener, state: Arc<Mutex<State>>) -> io::Resul
                         accepted = listener.accept() => {
                             let Ok((stream, _)) = accepted else { continue };
                             let state = Arc::clone(&state);
+                            let tls = tls.clone();
                             tokio::spawn(async move {
                                 let service = hyper::service::service_fn(move |req| {
                                     let state = Arc::clone(&state);
                                     async move { Ok::<_, Infallible>(handle(state, req).await) }
                                 });
-                                let _ = hyper::server::conn::http1::Builder::new()
-                                    .serve_connection(TokioIo::new(stream), service)
-                                    .await;
+                                let http = hyper::server::conn::http1::Builder::new();
+                                match tls {
+                                    // A failed handshake (a client that does not
+                                    // trust the certificate) ends the connection.
+                                    Some(tls) => if let Ok(stream) = tls.accept(stream).await {
+                                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                                    },
+                                    None => {
+                                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                                    }
+                                }
                             });
                         }
                     }
@@ -239,7 +296,12 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Response<Fu
         tokio::time::sleep(delay).await;
     }
     let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+    let denied = s
+        .required
+        .as_ref()
+        .is_some_and(|r| authorization.as_ref() != Some(r));
     let (status, reply) = match s.fail.as_mut() {
+        _ if denied => (401, json!({"error_code": 40101, "message": "Unauthorized"})),
         Some((status, left)) if *left > 0 => {
             *left -= 1;
             let st = *status;
@@ -262,6 +324,12 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Response<Fu
     });
     let mut r = Response::new(Full::new(Bytes::from(reply.to_string())));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if status == 401 {
+        r.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static("Basic realm=\"registry\""),
+        );
+    }
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/vnd.schemaregistry.v1+json"),

@@ -67,7 +67,7 @@ fn encode_as(
 }
 
 /// Runs one sr_encode.py job (see its doc).
-fn encode_job(registry: &str, topic: &str, job: Value) -> Vec<(Vec<u8>, Value)> {
+pub(crate) fn encode_job(registry: &str, topic: &str, job: Value) -> Vec<(Vec<u8>, Value)> {
     encode_keyed(registry, topic, job)
         .into_iter()
         .map(|e| (e.value, e.decoded))

@@ -8,7 +8,9 @@ prints, so the bytes graphsink reads are Confluent's, not graphsink's.
 
 job.json: {"format": "avro", "schema": "<schema text>", "records": [...]},
 optionally with framed keys: "key_schema" (an Avro schema, registered as
-`<topic>-key`) and "keys" (one per record).
+`<topic>-key`) and "keys" (one per record), and "registry": more settings of
+Confluent's SchemaRegistryClient (a registry over TLS with basic auth:
+"ssl.ca.location", "basic.auth.user.info").
 Prints one JSON object per record: {"value": hex of the framed bytes,
 "decoded": the record as Confluent's deserializer reads it back (fastavro
 under the hood), with bytes as hex, and "key": hex of the framed key}.
@@ -69,16 +71,17 @@ def plain(v):
 def main():
     url, topic = sys.argv[1], sys.argv[2]
     job = json.load(sys.stdin)
-    client = SchemaRegistryClient({"url": url})
+    conf = {"url": url, **job.get("registry", {})}
+    client = SchemaRegistryClient(conf)
     ctx = SerializationContext(topic, MessageField.VALUE)
     # Each deserializer has a client of its own: it fetches the writer
     # schema by the id in the frame, as any consumer would.
     if job["format"] == "avro":
         ser = AvroSerializer(client, job["schema"])
-        de = AvroDeserializer(SchemaRegistryClient({"url": url}))
+        de = AvroDeserializer(SchemaRegistryClient(conf))
     elif job["format"] == "json_schema":
         ser = JSONSerializer(job["schema"], client)
-        de = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient({"url": url}))
+        de = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient(conf))
     elif job["format"] == "protobuf":
         cls = proto_class(job["schema"], job["message"])
         conf = {"use.deprecated.format": False}

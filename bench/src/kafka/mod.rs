@@ -3,6 +3,9 @@
 //! ([`kafka_phases`]). The phases themselves are in `phases.rs`.
 
 mod phases;
+mod secured;
+
+pub(crate) use secured::{secured_child, secured_mode};
 
 use std::path::Path;
 use std::time::Duration;
@@ -114,7 +117,11 @@ struct Run {
 
 impl Run {
     fn new(a: &Args, broker: &Broker) -> Result<Run, BoxError> {
-        let run_id = chrono::Utc::now().format("%Y%m%d%H%M%S").to_string();
+        Run::with_id(a, broker, new_run_id())
+    }
+
+    /// A run whose topics and groups carry `run_id`.
+    fn with_id(a: &Args, broker: &Broker, run_id: String) -> Result<Run, BoxError> {
         if !(0.0..=1.0).contains(&a.edge_fraction) {
             return Err("--edge-fraction must be within 0..=1".into());
         }
@@ -125,18 +132,15 @@ impl Run {
         {
             return Err(format!("--wal-prop {k}: use --buckets or --wal-flush-ms").into());
         }
-        let has_edges = a.edge_fraction > 0.0;
+        let has_edges = topics(a, &run_id).edges.is_some();
         let mut consumer_props = a.consumer_props.clone();
         if a.fetch_wait_ms > 0 && !consumer_props.iter().any(|(k, _)| k == "fetch.wait.max.ms") {
             consumer_props.push(("fetch.wait.max.ms".into(), a.fetch_wait_ms.to_string()));
         }
         let mut t = Target {
             bootstrap: broker.bootstrap.clone(),
-            topics: workload::Topics {
-                nodes: format!("bench-items-{run_id}"),
-                edges: has_edges.then(|| format!("bench-links-{run_id}")),
-                partitions: a.partitions,
-            },
+            security: Vec::new(),
+            topics: topics(a, &run_id),
             consumer_props,
             dead_letter_props: a.dead_letter_props.clone(),
             wal_props: a.wal_props.clone(),
@@ -277,6 +281,21 @@ impl Run {
             r.expected_rows
                 .insert(format!("_pending/{}", workload::EDGE), 0);
         }
+    }
+}
+
+/// Unique per run (to the second), so reruns against a shared broker never
+/// read old data.
+fn new_run_id() -> String {
+    chrono::Utc::now().format("%Y%m%d%H%M%S").to_string()
+}
+
+/// The workload's topics of run `run_id`: nodes, and edges with an edge mix.
+fn topics(a: &Args, run_id: &str) -> workload::Topics {
+    workload::Topics {
+        nodes: format!("bench-items-{run_id}"),
+        edges: (a.edge_fraction > 0.0).then(|| format!("bench-links-{run_id}")),
+        partitions: a.partitions,
     }
 }
 

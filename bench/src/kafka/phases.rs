@@ -280,7 +280,7 @@ impl Run {
 /// Compares the rows at the head of `cfg`'s graph with `r.expected_rows`
 /// and returns them; a difference is a COUNT MISMATCH note (`label` names
 /// the run).
-async fn check_rows(
+pub(super) async fn check_rows(
     cfg: &graphsink::Config,
     label: &str,
     r: &mut Report,

@@ -241,7 +241,7 @@ impl SchemaHolds {
         tracing::warn!(
             event = "schema_registry_stalled",
             held = %held.join(", "),
-            "the schema registry does not answer; these partitions hold at the record that needs the schema, and nothing past it is committed: {}",
+            "no schema from the schema registry; these partitions hold at the record that needs the schema, and nothing past it is committed: {}",
             why.join("; ")
         );
     }

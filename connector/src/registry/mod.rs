@@ -176,7 +176,12 @@ impl Registry {
         if urls.is_empty() {
             return Err(Error::config("schema_registry.url is not set"));
         }
+        // HTTP/1.1 only, as Confluent's own clients speak: Apicurio
+        // Registry 3.3.3 over HTTPS negotiates HTTP/2 and then gzips each
+        // reply twice under one `content-encoding: gzip`, which no client
+        // reads (docs/security.md, "The Schema Registry").
         let mut http = reqwest::Client::builder()
+            .http1_only()
             .timeout(settings.timeout)
             .connect_timeout(settings.timeout.min(Duration::from_secs(5)));
         if let Some(path) = &settings.ssl_ca_location {
@@ -349,7 +354,7 @@ impl Registry {
             let reply = match req.send().await {
                 Ok(r) => r,
                 Err(e) => {
-                    why.push(format!("{url}: {}", one_line(&e)));
+                    why.push(format!("{url}: {}{}", one_line(&e), tls_hint(&url, &e)));
                     continue;
                 }
             };
@@ -379,10 +384,31 @@ impl Registry {
                 self.report(Outcome::Refused);
                 return Err(Reply::Refused(format!("{url}: HTTP {status}: {detail}")));
             }
-            why.push(format!("{url}: HTTP {status}: {detail}"));
+            why.push(format!(
+                "{url}: HTTP {status}: {detail}{}",
+                self.auth_hint(status)
+            ));
         }
         self.report(Outcome::Unavailable);
         Err(Reply::Unavailable(why.join("; ")))
+    }
+
+    /// What a 401 or 403 says about graphsink's credentials (never their
+    /// values), so the log line names what to fix.
+    fn auth_hint(&self, status: reqwest::StatusCode) -> &'static str {
+        match (status.as_u16(), &self.auth) {
+            (401, Some(Auth::Basic { .. })) => {
+                " (the registry refused the credentials of schema_registry.basic_auth_user_info)"
+            }
+            (401, Some(Auth::Bearer(_))) => {
+                " (the registry refused schema_registry.bearer_token)"
+            }
+            (401, None) => {
+                " (the registry wants credentials: set schema_registry.basic_auth_user_info or bearer_token)"
+            }
+            (403, _) => " (the registry does not let graphsink's credentials read schemas)",
+            _ => "",
+        }
     }
 
     fn report(&self, o: Outcome) {
@@ -427,6 +453,19 @@ fn encode(subject: &str) -> String {
         }
     }
     out
+}
+
+/// For an `https://` URL whose certificate was not trusted, where the CA
+/// goes.
+fn tls_hint(url: &str, e: &dyn std::error::Error) -> &'static str {
+    let text = one_line(e).to_ascii_lowercase();
+    if url.starts_with("https://")
+        && (text.contains("certificate") || text.contains("unknownissuer"))
+    {
+        " (is the registry's CA in schema_registry.ssl_ca_location?)"
+    } else {
+        ""
+    }
 }
 
 fn one_line(e: &dyn std::error::Error) -> String {

@@ -225,3 +225,64 @@ async fn credentials_are_sent() {
         ]
     );
 }
+
+/// A registry over TLS (the test CA's certificate for 127.0.0.1) with
+/// basic auth: the client trusts it through `ssl_ca_location` and sends
+/// the credentials. Without the CA, or with a wrong password, a fetch is
+/// `Unavailable` with a reason that names what to fix and never the
+/// password; the registry served nothing to either.
+#[tokio::test]
+async fn tls_and_basic_auth() {
+    use graphsink_testkit::certs::Certs;
+    use graphsink_testkit::RegistrySecurity;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = Certs::generate(
+        dir.path(),
+        &[("registry".into(), vec![std::net::Ipv4Addr::LOCALHOST])],
+        &[],
+    )
+    .expect("certificates (openssl and keytool)");
+    let password = "pw-8d1e-not-in-any-message";
+    let reg = TestRegistry::start_secured(&RegistrySecurity {
+        tls: Some(certs.server("registry")),
+        basic_auth: Some(("svc".into(), password.into())),
+    })
+    .unwrap();
+    assert!(reg.url().starts_with("https://127.0.0.1:"), "{}", reg.url());
+    let id = reg.register("t-value", "AVRO", AVRO, json!([]));
+    let secured = |user_info: &str, ca: bool| {
+        let mut s = settings(&reg.url());
+        s.basic_auth_user_info = Some(user_info.into());
+        s.ssl_ca_location = ca.then(|| certs.ca());
+        Registry::new(&s).unwrap()
+    };
+
+    let good = secured(&format!("svc:{password}"), true);
+    assert_eq!(good.schema(id, false).await.unwrap().text, AVRO);
+
+    let Err(Lookup::Unavailable(why)) = secured(&format!("svc:{password}"), false)
+        .schema(id, false)
+        .await
+    else {
+        panic!("an untrusted certificate is not a schema");
+    };
+    assert!(why.contains("schema_registry.ssl_ca_location"), "{why}");
+
+    let Err(Lookup::Unavailable(why)) = secured("svc:wrong-password", true).schema(id, false).await
+    else {
+        panic!("a wrong password is not a schema");
+    };
+    assert!(why.contains("HTTP 401"), "{why}");
+    assert!(
+        why.contains("refused the credentials of schema_registry.basic_auth_user_info"),
+        "{why}"
+    );
+    assert!(
+        !why.contains("wrong-password") && !why.contains(password),
+        "{why}"
+    );
+
+    let statuses: Vec<u16> = reg.requests().iter().map(|r| r.status).collect();
+    // The untrusted client never got past the handshake.
+    assert_eq!(statuses, [200, 401]);
+}
