@@ -35,7 +35,9 @@ pub(crate) enum Protocol {
     Plaintext,
     /// TLS with a client certificate (mTLS): `User:graphsink-mtls`.
     Ssl,
-    /// SCRAM-SHA-512 over TLS: `User:graphsink`.
+    /// SCRAM-SHA-512 over TLS: `User:graphsink`. Named as the report
+    /// names it; clap's own spelling, `sasl-ssl`, is taken too.
+    #[value(name = "sasl_ssl", alias = "sasl-ssl")]
     SaslSsl,
 }
 
@@ -332,5 +334,25 @@ mod tests {
         assert!(!extra.iter().any(|(k, _)| k == "min.insync.replicas"));
         let single = extra_settings(1).unwrap();
         assert!(single.contains(&("min.insync.replicas".into(), "1".into())));
+    }
+
+    /// `--security` takes the names the report prints (and clap's
+    /// kebab-case spelling), in the order given, plaintext first if absent.
+    #[test]
+    fn security_takes_the_reports_names() {
+        use clap::Parser;
+        for list in ["ssl,sasl_ssl", "ssl,sasl-ssl"] {
+            let a = crate::args::Args::parse_from(["graphsink-bench", "--security", list]);
+            assert_eq!(
+                a.protocols().unwrap(),
+                [Protocol::Plaintext, Protocol::Ssl, Protocol::SaslSsl]
+            );
+        }
+        let a =
+            crate::args::Args::parse_from(["graphsink-bench", "--security", "sasl_ssl,plaintext"]);
+        assert_eq!(
+            a.protocols().unwrap(),
+            [Protocol::SaslSsl, Protocol::Plaintext]
+        );
     }
 }
