@@ -280,3 +280,34 @@ fn parse_prop(s: &str) -> Result<(String, String), String> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+
+    /// `--security` takes the names the report prints (and clap's
+    /// kebab-case spelling), in the order given, plaintext first if absent.
+    #[test]
+    fn security_takes_the_reports_names() {
+        use clap::Parser;
+        for list in ["ssl,sasl_ssl", "ssl,sasl-ssl"] {
+            let a = Args::parse_from(["graphsink-bench", "--security", list]);
+            assert_eq!(
+                a.protocols().unwrap(),
+                [
+                    crate::cluster::Protocol::Plaintext,
+                    crate::cluster::Protocol::Ssl,
+                    crate::cluster::Protocol::SaslSsl
+                ]
+            );
+        }
+        let a = Args::parse_from(["graphsink-bench", "--security", "sasl_ssl,plaintext"]);
+        assert_eq!(
+            a.protocols().unwrap(),
+            [
+                crate::cluster::Protocol::SaslSsl,
+                crate::cluster::Protocol::Plaintext
+            ]
+        );
+    }
+}

@@ -335,24 +335,4 @@ mod tests {
         let single = extra_settings(1).unwrap();
         assert!(single.contains(&("min.insync.replicas".into(), "1".into())));
     }
-
-    /// `--security` takes the names the report prints (and clap's
-    /// kebab-case spelling), in the order given, plaintext first if absent.
-    #[test]
-    fn security_takes_the_reports_names() {
-        use clap::Parser;
-        for list in ["ssl,sasl_ssl", "ssl,sasl-ssl"] {
-            let a = crate::args::Args::parse_from(["graphsink-bench", "--security", list]);
-            assert_eq!(
-                a.protocols().unwrap(),
-                [Protocol::Plaintext, Protocol::Ssl, Protocol::SaslSsl]
-            );
-        }
-        let a =
-            crate::args::Args::parse_from(["graphsink-bench", "--security", "sasl_ssl,plaintext"]);
-        assert_eq!(
-            a.protocols().unwrap(),
-            [Protocol::SaslSsl, Protocol::Plaintext]
-        );
-    }
 }
