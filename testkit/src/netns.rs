@@ -138,6 +138,24 @@ pub fn sweep_stale() -> Vec<String> {
     swept
 }
 
+/// Deletes every namespace this process made (`gsk<PID>x…`), killing what
+/// runs in them: the teardown of a process that is told to stop (a signal)
+/// and cannot unwind to its drops. Returns their names.
+pub fn delete_own() -> Vec<String> {
+    let Ok(list) = ip(&["netns", "list"]) else {
+        return Vec::new();
+    };
+    let mine = format!("{PREFIX}{}x", std::process::id());
+    let mut deleted = Vec::new();
+    for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
+        if name.starts_with(&mine) {
+            delete_namespace(name);
+            deleted.push(name.to_owned());
+        }
+    }
+    deleted
+}
+
 /// A cut in force: packets from `from` to `to` (either `None`: any host)
 /// are dropped by the router.
 #[derive(Debug, Clone, PartialEq, Eq)]
