@@ -10,6 +10,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{client, Msg, Res};
+use crate::reach::Reach;
 
 /// A topic read from the beginning, kept open so each check reads only
 /// what was produced since the last one.
@@ -22,13 +23,15 @@ pub(crate) struct Tail {
 }
 
 impl Tail {
-    pub(crate) fn new(bootstrap: &str, topic: &str, partitions: i32) -> Res<Tail> {
+    pub(crate) fn new(kafka: &Reach, topic: &str, partitions: i32) -> Res<Tail> {
         // read_committed, as a dead-letter consumer reads: fold rejects go
         // out in transactions, and one seen twice fails the check.
-        let consumer: BaseConsumer = client(bootstrap)
-            .set("group.id", "graphsink-chaos-reader")
-            .set("isolation.level", "read_committed")
-            .create()
+        let consumer: BaseConsumer = kafka
+            .create(
+                client(kafka)
+                    .set("group.id", "graphsink-chaos-reader")
+                    .set("isolation.level", "read_committed"),
+            )
             .map_err(|e| format!("reader: {e}"))?;
         let mut tpl = TopicPartitionList::new();
         for p in 0..partitions {
@@ -165,14 +168,13 @@ impl Tail {
 
 /// The group's committed offsets (next offset to read) of a topic.
 pub(crate) fn committed(
-    bootstrap: &str,
+    kafka: &Reach,
     group: &str,
     topic: &str,
     partitions: i32,
 ) -> Res<BTreeMap<i32, i64>> {
-    let consumer: BaseConsumer = client(bootstrap)
-        .set("group.id", group)
-        .create()
+    let consumer: BaseConsumer = kafka
+        .create(client(kafka).set("group.id", group))
         .map_err(|e| format!("offsets client: {e}"))?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
@@ -198,17 +200,46 @@ pub(crate) fn committed(
 pub(crate) struct CommitSampler {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     samples: std::sync::Arc<std::sync::Mutex<Vec<(std::time::SystemTime, i64, i64)>>>,
+    /// The same samples per partition: (committed, end) in `topics` order.
+    parts: std::sync::Arc<std::sync::Mutex<Vec<PartSample>>>,
+    /// Samples that failed (a coordinator or a leader not answering), and
+    /// the last error.
+    failures: std::sync::Arc<std::sync::Mutex<(u32, Option<String>)>>,
+}
+
+/// One sample per partition: its time, and (committed, end) of each.
+type PartSample = (std::time::SystemTime, Vec<(i64, i64)>);
+
+/// One sample: each partition's committed offset and end offset.
+fn sample(consumer: &BaseConsumer, tpl: &TopicPartitionList) -> Res<Vec<(i64, i64)>> {
+    let got = consumer
+        .committed_offsets(tpl.clone(), Duration::from_secs(5))
+        .map_err(|e| format!("committed offsets: {e}"))?;
+    let mut out = Vec::new();
+    for e in tpl.elements() {
+        let committed = match got
+            .find_partition(e.topic(), e.partition())
+            .map(|c| c.offset())
+        {
+            Some(Offset::Offset(n)) => n,
+            _ => 0,
+        };
+        let (_, high) = consumer
+            .fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(5))
+            .map_err(|err| format!("watermarks of {}/{}: {err}", e.topic(), e.partition()))?;
+        out.push((committed, high));
+    }
+    Ok(out)
 }
 
 impl CommitSampler {
     pub(crate) fn start(
-        bootstrap: &str,
+        kafka: &Reach,
         group: &str,
         topics: Vec<(String, i32)>,
     ) -> Res<CommitSampler> {
-        let consumer: BaseConsumer = client(bootstrap)
-            .set("group.id", group)
-            .create()
+        let consumer: BaseConsumer = kafka
+            .create(client(kafka).set("group.id", group))
             .map_err(|e| format!("sampler client: {e}"))?;
         let mut tpl = TopicPartitionList::new();
         for (t, n) in &topics {
@@ -218,38 +249,45 @@ impl CommitSampler {
         }
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (s, out) = (stop.clone(), samples.clone());
+        let parts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let failures = std::sync::Arc::new(std::sync::Mutex::new((0u32, None)));
+        let (s, out, by_part, failed) = (
+            stop.clone(),
+            samples.clone(),
+            parts.clone(),
+            failures.clone(),
+        );
         std::thread::spawn(move || {
             while !s.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Ok(got) = consumer.committed_offsets(tpl.clone(), Duration::from_secs(5)) {
-                    let sum = got
-                        .elements()
-                        .iter()
-                        .map(|e| match e.offset() {
-                            Offset::Offset(n) => n,
-                            _ => 0,
-                        })
-                        .sum();
-                    let ends: Option<i64> = tpl
-                        .elements()
-                        .iter()
-                        .map(|e| {
-                            consumer
-                                .fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(5))
-                                .ok()
-                                .map(|(_, high)| high)
-                        })
-                        .sum();
-                    if let Some(ends) = ends {
-                        out.lock()
-                            .unwrap()
-                            .push((std::time::SystemTime::now(), sum, ends));
+                match sample(&consumer, &tpl) {
+                    Ok(each) => {
+                        let now = std::time::SystemTime::now();
+                        let committed = each.iter().map(|(c, _)| c).sum();
+                        let ends = each.iter().map(|(_, e)| e).sum();
+                        out.lock().unwrap().push((now, committed, ends));
+                        by_part.lock().unwrap().push((now, each));
+                    }
+                    Err(e) => {
+                        let mut f = failed.lock().unwrap();
+                        f.0 += 1;
+                        f.1 = Some(e);
+                        // A client that never subscribed or assigned does
+                        // not refresh the leaders of these topics when one
+                        // dies; asking for their metadata does.
+                        for (t, _) in &topics {
+                            let _ = consumer.fetch_metadata(Some(t), Duration::from_secs(5));
+                        }
                     }
                 }
                 std::thread::sleep(Duration::from_millis(250));
             }
         });
-        Ok(CommitSampler { stop, samples })
+        Ok(CommitSampler {
+            stop,
+            samples,
+            parts,
+            failures,
+        })
     }
 
     /// Over `window` from `at`: records committed per second, the longest
@@ -285,6 +323,106 @@ impl CommitSampler {
         }
         let lag = inside.iter().map(|s| s.2 - s.1).max().unwrap_or(-1);
         (rate, pause, lag)
+    }
+}
+
+/// A fault's mark on ingest, from the samples (`CommitSampler::recovery`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Recovery {
+    /// The longest stretch from the fault's start in which a partition with
+    /// records waiting saw no commit, up to the recovery (or the last
+    /// sample), in seconds.
+    pub longest_pause: f64,
+    /// Seconds from the fault's end until the group's lag was back to what
+    /// it was before the fault; `None` while it is not.
+    pub recovered_after: Option<f64>,
+}
+
+impl CommitSampler {
+    /// What a fault from `start` to `end` did to the group's commits. The
+    /// lag before it is the most records produced but not committed in the
+    /// 20 s before `start` (at least `floor`, a second of the producer's
+    /// rate: what is normally in flight); it is recovered at the first
+    /// sample from `end` on whose lag is back at or under that.
+    pub(crate) fn recovery(
+        &self,
+        start: std::time::SystemTime,
+        end: std::time::SystemTime,
+        floor: i64,
+    ) -> Recovery {
+        let samples = self.samples.lock().unwrap();
+        let before = start - Duration::from_secs(20);
+        let baseline = samples
+            .iter()
+            .filter(|(t, _, _)| *t >= before && *t < start)
+            .map(|(_, c, e)| e - c)
+            .max()
+            .unwrap_or(0)
+            .max(floor);
+        let recovered_at = samples
+            .iter()
+            .find(|(t, c, e)| *t >= end && e - c <= baseline)
+            .map(|(t, _, _)| *t);
+        let secs = |a: std::time::SystemTime, b: std::time::SystemTime| {
+            a.duration_since(b).unwrap_or_default().as_secs_f64()
+        };
+        let stop = recovered_at.or_else(|| samples.last().map(|s| s.0));
+        drop(samples);
+        let pause = self.longest_pause(start, stop);
+        Recovery {
+            longest_pause: pause,
+            recovered_after: recovered_at.map(|t| secs(t, end)),
+        }
+    }
+
+    /// From `start` to `stop` (or the last sample): the longest stretch
+    /// in which some partition had records waiting (its end past its
+    /// committed offset) and its committed offset did not move. Per
+    /// partition, so a stall of some partitions shows while others go on;
+    /// a partition with nothing to read is idle, not paused. A failed
+    /// sample leaves a gap that counts in.
+    fn longest_pause(
+        &self,
+        start: std::time::SystemTime,
+        stop: Option<std::time::SystemTime>,
+    ) -> f64 {
+        let parts = self.parts.lock().unwrap();
+        let secs = |a: std::time::SystemTime, b: std::time::SystemTime| {
+            a.duration_since(b).unwrap_or_default().as_secs_f64()
+        };
+        let Some(before) = parts.iter().rev().find(|(t, _)| *t < start) else {
+            return 0.0;
+        };
+        let mut last: Vec<i64> = before.1.iter().map(|(c, _)| *c).collect();
+        let mut since = vec![start; last.len()];
+        let mut pause = 0.0f64;
+        for (t, each) in parts.iter().filter(|(t, _)| *t >= start) {
+            if stop.is_some_and(|s| *t > s) {
+                break;
+            }
+            for (p, (c, end)) in each.iter().enumerate() {
+                if *c > last[p] {
+                    pause = pause.max(secs(*t, since[p]));
+                    last[p] = *c;
+                    since[p] = *t;
+                } else if end <= c {
+                    since[p] = *t;
+                } else {
+                    pause = pause.max(secs(*t, since[p]));
+                }
+            }
+        }
+        pause
+    }
+
+    /// How many samples failed, and the last error.
+    pub(crate) fn failures(&self) -> (u32, Option<String>) {
+        self.failures.lock().unwrap().clone()
+    }
+
+    /// The committed offsets' sum at the last sample (0 before any).
+    pub(crate) fn committed_now(&self) -> i64 {
+        self.samples.lock().unwrap().last().map_or(0, |s| s.1)
     }
 }
 

@@ -1,0 +1,91 @@
+//! A zombie made by the network: of three members on a partition-sharded
+//! graph, the one folding is cut off from every node (not from the graph's
+//! storage) while the others go on. The group moves its partitions after
+//! its session; their new owners claim its shards, which fences whatever
+//! it still writes there; healed, it must rejoin without doubling anything
+//! (the checker's audit), and its log says what happened to it.
+
+use std::time::Duration;
+
+use graphsink_testkit::Cut;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+
+use super::super::members::shard_by_partition;
+use super::members::Crew;
+use super::meter::now;
+use super::{local_graph, log_line, Cluster, Keeper, Meter};
+use crate::check::Res;
+use crate::report::PhaseReport;
+use crate::stage::{keep_on_failure, Env, SESSION};
+
+/// How long the zombie is cut off: several sessions (6 s) and folds.
+const CUT_FOR: Duration = Duration::from_secs(30);
+
+pub(super) async fn zombie(env: &Env, c: &mut Cluster, seed: u64, r: &mut PhaseReport) -> Res<()> {
+    let name = "zombie";
+    let mut rng = StdRng::seed_from_u64(seed);
+    let end = c.member_host("end")?;
+    let preferred = *c.kc.node_ids().choose(&mut rng).expect("nodes");
+    let mut st = c
+        .stage(env, name, seed, &end, preferred, local_graph(env, name))
+        .await?;
+    shard_by_partition(&st, "range")?;
+    let mut meter = Meter::start(c, &st, env)?;
+    let mut crew = Crew::new(c)?;
+    for _ in 0..3 {
+        crew.spawn(c, &st, env)?;
+    }
+    meter.warm_up(&mut crew, &st, env, r).await?;
+
+    // The folder, if a log says which: it writes the most when cut off.
+    let i = crew
+        .live
+        .iter()
+        .position(|m| log_line(&crew.log_of(&st, m.n), 0, "event=\"folded\"").is_some())
+        .unwrap_or_else(|| rng.random_range(0..crew.live.len()));
+    let n = crew.live[i].n;
+    let log = crew.log_of(&st, n);
+    let from = std::fs::metadata(&log).map_or(0, |m| m.len());
+    println!(
+        "   member {n} cut off from every node for {} s; its storage stays",
+        CUT_FOR.as_secs()
+    );
+    let start = now();
+    c.kc.partition(crew.live[i].host.host(), None, Cut::Blackhole)?;
+    let held = crew.hold(&st, env, r, CUT_FOR).await;
+    c.kc.heal(crew.live[i].host.host())?;
+    held?;
+    meter.fault(
+        "a member cut off from the cluster (a zombie), 30 s",
+        1,
+        start,
+        now(),
+    );
+    meter.settle(&mut crew, &st, env, r).await?;
+    let seen: Vec<String> = [
+        "event=\"fenced\"",
+        "event=\"commit_race\"",
+        "event=\"revoked\"",
+        "event=\"assigned\"",
+    ]
+    .iter()
+    .filter_map(|e| log_line(&log, from, e))
+    .map(|l| l.trim().to_string())
+    .collect();
+    r.notes.push(format!(
+        "the zombie (member {n}) after the cut: {}",
+        if seen.is_empty() {
+            "nothing about its group or shards".into()
+        } else {
+            seen.join(" | ")
+        }
+    ));
+    meter.report(r);
+    crew.stop_all(r).await;
+    tokio::time::sleep(SESSION + Duration::from_secs(1)).await;
+    st.finish(env, None, r).await?;
+    keep_on_failure(&st, r);
+    Ok(())
+}
