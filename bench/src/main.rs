@@ -13,9 +13,10 @@
 //!
 //! The parts: `args` (the command line), `kafka/` (the Kafka phases and
 //! what they share), `measure` (samplers and arithmetic), `sink`
-//! (graphsink in process or in a child), `baselines`, `workload`,
-//! `formats`, `report`; one file per other mode (`history`, `size`,
-//! `evolve`, `storage`) and per environment (`broker`, `s3`, `threads`).
+//! (graphsink in process or in a child), `baselines`, `workload` (the
+//! records), `formats` (their encodings), `produce` (sending them),
+//! `report`; one file per other mode (`history`, `size`, `evolve`,
+//! `storage`) and per environment (`broker`, `s3`, `threads`).
 
 mod args;
 mod baselines;
@@ -27,6 +28,7 @@ mod history;
 mod hop;
 mod kafka;
 mod measure;
+mod produce;
 mod report;
 mod s3;
 mod sink;
@@ -276,6 +278,14 @@ async fn history_mode(a: &Args, dir: &Path) -> Result<(), BoxError> {
 mod tests {
     use super::*;
     use crate::workload::Shape;
+
+    /// No import circle among the bench's files (the check every crate of
+    /// the workspace runs).
+    #[test]
+    fn no_import_circle() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        graphsink_testkit::imports::assert_no_circle(&src);
+    }
 
     /// The whole bench, small, in the debug build: every phase must count
     /// exactly the records produced and the graph must hold one row per

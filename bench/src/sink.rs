@@ -16,8 +16,9 @@ use graphsink::{Config, Metrics, RunOptions, RunTotals};
 use crate::broker::BoxError;
 use crate::formats::Codec;
 use crate::measure::{self, CommitSampler, Target};
+use crate::produce;
 use crate::threads::{GroupCpu, ThreadCpu};
-use crate::workload::{self, Shape};
+use crate::workload::Shape;
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct BacklogRun {
@@ -245,7 +246,7 @@ pub(crate) async fn live(
         let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
         let codec = Codec::of(&t.values)?;
         tokio::task::spawn_blocking(move || {
-            workload::produce_one(&bs, &topics, shape, 0xbeef, &codec)
+            produce::produce_one(&bs, &topics, shape, 0xbeef, &codec)
         })
         .await??;
     }
@@ -260,7 +261,7 @@ pub(crate) async fn live(
     }
 
     let sampler = CommitSampler::start(t, &group, every)?;
-    let workload::Paced {
+    let produce::Paced {
         records: recs,
         ends,
     } = paced(t, shape, rate, secs, 0x1a7e).await?;
@@ -376,11 +377,11 @@ async fn paced(
     rate: u64,
     secs: u64,
     seed: u64,
-) -> Result<workload::Paced, BoxError> {
+) -> Result<produce::Paced, BoxError> {
     let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
     let codec = Codec::of(&t.values)?;
     tokio::task::spawn_blocking(move || {
-        workload::produce_paced(&bs, &topics, shape, rate, secs, seed, &codec)
+        produce::produce_paced(&bs, &topics, shape, rate, secs, seed, &codec)
     })
     .await?
 }
@@ -412,7 +413,7 @@ pub(crate) async fn bare_live(
         let (bs, topics) = (t.bootstrap.clone(), t.topics.clone());
         let codec = Codec::of(&t.values)?;
         tokio::task::spawn_blocking(move || {
-            workload::produce_one(&bs, &topics, shape, 0xbee2, &codec)
+            produce::produce_one(&bs, &topics, shape, 0xbee2, &codec)
         })
         .await??;
     }
@@ -429,7 +430,7 @@ pub(crate) async fn bare_live(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let sampler = CommitSampler::start(t, group, every)?;
-    let workload::Paced {
+    let produce::Paced {
         records: recs,
         ends,
     } = paced(t, shape, rate, secs, 0xba2e).await?;

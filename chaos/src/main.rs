@@ -263,3 +263,11 @@ async fn run_phase(
     print_phase(&r);
     r
 }
+
+/// No import circle among the harness's files (the check every crate of
+/// the workspace runs).
+#[test]
+fn no_import_circle() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    graphsink_testkit::imports::assert_no_circle(&src);
+}

@@ -7,8 +7,6 @@
 use graphsink_testkit::{ClientHost, Host};
 use rdkafka::config::{ClientConfig, FromClientConfig};
 
-use crate::check::Res;
-
 /// The properties a client needs, and the namespace it must be made in.
 #[derive(Clone)]
 pub(crate) struct Reach {
@@ -27,7 +25,7 @@ impl Reach {
 
     /// The cluster as `user` sees it from `host` (SASL_SSL through the
     /// host's Toxiproxy). The host must outlive every client made here.
-    pub(crate) fn sasl(host: &ClientHost, user: &str) -> Res<Reach> {
+    pub(crate) fn sasl(host: &ClientHost, user: &str) -> Result<Reach, String> {
         Ok(Reach {
             props: host.sasl_properties(user)?,
             host: Some(host.host().clone()),
@@ -45,7 +43,10 @@ impl Reach {
 
     /// Creates a client from `config`, in the host's namespace when there
     /// is one: all its connections start there.
-    pub(crate) fn create<T: FromClientConfig + Send>(&self, config: &ClientConfig) -> Res<T> {
+    pub(crate) fn create<T: FromClientConfig + Send>(
+        &self,
+        config: &ClientConfig,
+    ) -> Result<T, String> {
         match &self.host {
             None => config.create::<T>().map_err(|e| e.to_string()),
             Some(h) => h.enter(|| config.create::<T>().map_err(|e| e.to_string()))?,

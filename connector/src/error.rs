@@ -280,6 +280,14 @@ impl Error {
         }
     }
 
+    /// The librdkafka error code of a Kafka error, if this is one.
+    pub(crate) fn kafka_code(&self) -> Option<rdkafka::types::RDKafkaErrorCode> {
+        match self {
+            Error::Kafka(k) => k.rdkafka_error_code(),
+            _ => None,
+        }
+    }
+
     /// Another writer committed first: the graph's head or a table moved
     /// under this one (with several members, two folding during a
     /// hand-off). Nothing it acknowledged depends on the lost commit.

@@ -32,7 +32,7 @@ pub struct Migration {
 /// Applies the schema change `graph` waits for (opened with a config whose
 /// schema differs from the graph's), as `run` does at start; `None` when
 /// it waits for none.
-pub async fn migrate(graph: &Graph, config: &crate::Config) -> Result<Option<Migration>> {
+pub async fn migrate(graph: &Graph, config: &crate::config::Config) -> Result<Option<Migration>> {
     let policies = Policies::from_config(config);
     let m = Box::pin(crate::fold::migrate(
         graph,

@@ -9,6 +9,8 @@
 //! `cluster` is the production-shaped one: three secured, replicated Kafka
 //! nodes on a network of namespaces (`netns`) with Toxiproxy before each
 //! (`toxiproxy`), its certificates (`certs`) and ACLs (`acl`).
+//! `imports` reads a crate's sources for import circles: every crate of
+//! the workspace checks itself with it.
 
 pub mod acl;
 pub mod broker;
@@ -17,6 +19,7 @@ pub mod cluster;
 pub mod containers;
 pub mod faults;
 pub mod hostile;
+pub mod imports;
 pub mod kafka;
 pub mod netns;
 pub mod registry;

@@ -32,6 +32,8 @@ pub(crate) struct Running {
     what: String,
     reader: Option<JoinHandle<String>>,
     stderr: Option<String>,
+    /// What it has printed so far, for a test waiting for a line.
+    so_far: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Running {
@@ -41,21 +43,36 @@ impl Running {
         let what = describe(&cmd);
         let mut child = cmd.spawn().expect("spawn graphsink");
         let pipe = child.stderr.take().expect("piped stderr");
+        let so_far = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let seen = so_far.clone();
         let reader = std::thread::spawn(move || {
-            let mut all = String::new();
             for line in BufReader::new(pipe).lines() {
                 let Ok(line) = line else { break };
                 eprintln!("{line}");
+                let mut all = seen.lock().unwrap_or_else(|e| e.into_inner());
                 all.push_str(&line);
                 all.push('\n');
             }
-            all
+            std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()))
         });
         Running {
             child,
             what,
             reader: Some(reader),
             stderr: None,
+            so_far,
+        }
+    }
+
+    /// What the child has printed on stderr so far (it may still run).
+    pub(crate) fn printed(&self) -> String {
+        match &self.stderr {
+            Some(all) => all.clone(),
+            None => self
+                .so_far
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         }
     }
 

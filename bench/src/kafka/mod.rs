@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::args::Args;
 use crate::broker::{BoxError, Broker};
 use crate::measure::{self, Target};
+use crate::produce;
 use crate::report::Report;
 use crate::s3::{Root, S3Bench};
 use crate::workload::{self, Shape};
@@ -53,7 +54,7 @@ pub(crate) async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxErro
         let n = a.records;
         let codec = formats::Codec::of(&run.t.values)?;
         tokio::task::spawn_blocking(move || {
-            workload::produce_backlog(&bs, &topics, shape, n, &codec)
+            produce::produce_backlog(&bs, &topics, shape, n, &codec)
         })
         .await??
     };

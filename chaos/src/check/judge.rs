@@ -8,21 +8,7 @@ use serde_json::Value;
 use super::graph::Snapshot;
 use super::rejects::{dead_letters_cover, rejects};
 use super::stream::{Coords, Expected};
-use super::Msg;
-
-/// Tallies of one check, for the report.
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub(crate) struct Tally {
-    /// Sequence number of the head graph commit.
-    pub head_seq: u64,
-    pub nodes: usize,
-    pub edges: usize,
-    pub rejects: usize,
-    pub dead_letters: usize,
-    /// Record rejects produced again after a crash (at least once, as
-    /// Kafka Connect's): their offsets were not committed yet.
-    pub dead_letter_duplicates: usize,
-}
+use super::{Msg, Tally};
 
 /// Does `row` hold what `m` says (its fields and its source offset)?
 fn row_is(row: &Value, m: &Msg, fields: &[&str]) -> bool {

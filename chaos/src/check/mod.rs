@@ -7,7 +7,8 @@
 //! The parts: `kafka` (the topics read back, the group's committed
 //! offsets), `graph` (the graph read with Lance), `stream` (what the
 //! stream says must hold), `judge` (the checks) and `rejects` (the reject
-//! table and the dead-letter topic).
+//! table and the dead-letter topic); `judge` calls `rejects`, never back,
+//! and both fill the `Tally` kept here.
 
 mod graph;
 mod judge;
@@ -24,11 +25,26 @@ use crate::reach::Reach;
 use crate::workload::EXPECT;
 
 pub(crate) use graph::{schema_version, snapshot, GraphRoot};
-pub(crate) use judge::{check_committed, check_final, Tally};
+pub(crate) use judge::{check_committed, check_final};
 pub(crate) use kafka::{committed, CommitSampler, Tail};
 pub(crate) use stream::expected;
 
 pub(crate) type Res<T> = Result<T, String>;
+
+/// Tallies of one check, for the report: `judge` counts rows, `rejects`
+/// the rejects and dead letters.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub(crate) struct Tally {
+    /// Sequence number of the head graph commit.
+    pub head_seq: u64,
+    pub nodes: usize,
+    pub edges: usize,
+    pub rejects: usize,
+    pub dead_letters: usize,
+    /// Record rejects produced again after a crash (at least once, as
+    /// Kafka Connect's): their offsets were not committed yet.
+    pub dead_letter_duplicates: usize,
+}
 
 /// One message as Kafka holds it.
 #[derive(Debug, Clone)]

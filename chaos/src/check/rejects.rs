@@ -6,9 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use super::graph::Snapshot;
-use super::judge::Tally;
 use super::stream::{Coords, Expected};
-use super::Msg;
+use super::{Msg, Tally};
 
 /// Every record in `want` is exactly one row of `_ingest_rejects` with the
 /// expected code; no row rejects a record that must be accepted.

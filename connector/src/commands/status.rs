@@ -4,8 +4,6 @@
 //! offset, end offset and lag per mapped partition. It reads; it never
 //! joins the group or claims a shard.
 
-use lance::dataset::mem_wal::DatasetMemWalExt;
-
 use crate::config::Config;
 use crate::error::{Context, PublicResult, Result};
 use crate::graph::{Graph, GraphCommit};
@@ -13,9 +11,7 @@ use crate::kafka::queries::{GroupMembers, MissingTopic};
 use crate::kafka::OffsetQueries;
 use crate::retention::{graph_storage, TableStorage};
 use crate::schema::REJECTS_TABLE;
-use crate::shards::{
-    latest_manifest, markers_of, shard_count_or, shard_id, shard_owner, ShardOwner,
-};
+use crate::shards::{self, latest_manifest, shard_owner, ShardOwner};
 use crate::types::now_ms;
 
 /// The graph side of `status`, at the head commit.
@@ -187,16 +183,11 @@ fn last_folds(commits: &[GraphCommit]) -> Vec<LastFold> {
 /// writer's view) and the marker at the head's pinned version.
 async fn shard_states(graph: &Graph, head: &GraphCommit) -> Result<Vec<ShardState>> {
     let mut out = Vec::new();
-    for (table, &version) in &head.tables {
-        let ds = graph.open_table(table, Some(version)).await?;
-        let Some(details) = ds.mem_wal_index_details().await.ctx(table)? else {
-            continue;
-        };
-        let markers = markers_of(&details);
-        for bucket in 0..shard_count_or(graph, table, details.num_shards) {
-            let shard = shard_id(table, bucket);
-            let folded_upto = markers.get(&shard).copied().unwrap_or(0);
-            let m = latest_manifest(&ds, shard).await?;
+    for t in shards::of_commit(graph, head).await? {
+        for s in t.shards() {
+            let (bucket, shard) = (s.bucket, s.id);
+            let folded_upto = s.folded_upto.unwrap_or(0);
+            let m = latest_manifest(&t.ds, shard).await?;
             let writer_epoch = m.as_ref().map_or(0, |m| m.writer_epoch);
             // A note is informational: one that cannot be read is shown as
             // unknown rather than failing the whole status.
@@ -208,7 +199,7 @@ async fn shard_states(graph: &Graph, head: &GraphCommit) -> Result<Vec<ShardStat
                 }
             };
             out.push(ShardState {
-                table: table.clone(),
+                table: t.table.clone(),
                 bucket,
                 shard,
                 writer_epoch,

@@ -79,7 +79,18 @@ impl ConsumerContext for GroupContext {
             let commit = self.offsets.to_commit_on_revoke(&revoked);
             // Only `abort` means anything in a callback (chaos runs).
             let _ = failpoints::hit(failpoints::REVOKE_BEFORE_COMMIT);
-            if !commit.is_empty() {
+            // A lost assignment (the session expired, as in a broker
+            // freeze) can no longer be committed: the coordinator has
+            // dropped this member. The sync commit would wait for a
+            // coordinator with no bound, inside the run loop's poll, where
+            // even SIGTERM cannot reach it (docs/kafka.md, "Commits before
+            // a freeze"). The next owner re-reads; writes are idempotent.
+            if !commit.is_empty() && consumer.assignment_lost() {
+                tracing::warn!(
+                    partitions = commit.len(),
+                    "assignment lost (this member's session expired): not committing on revoke; the next owner re-reads (idempotent)"
+                );
+            } else if !commit.is_empty() {
                 // This callback runs inside `recv`, on a runtime worker.
                 match offset_list(&commit)
                     .and_then(|tpl| blocking(|| consumer.commit(&tpl, CommitMode::Sync)))
@@ -233,6 +244,22 @@ fn offset_list(
     Ok(tpl)
 }
 
+/// Whether a commit failed because the group no longer counts this
+/// member at the generation it committed with: its partitions are another
+/// member's now.
+pub(crate) fn no_longer_member(e: &Error) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.kafka_code(),
+        Some(
+            C::UnknownMemberId
+                | C::IllegalGeneration
+                | C::RebalanceInProgress
+                | C::FencedInstanceId
+        )
+    )
+}
+
 /// Closes the consumer (leaving the group) off the runtime, bounded: a
 /// rebalance that lands during librdkafka's close can block the closing
 /// thread for good (its rebalance callback asks the main thread for the
@@ -250,5 +277,26 @@ pub(crate) async fn close(kafka: GroupConsumer) {
         .is_err()
     {
         tracing::warn!("consumer close did not finish in 10 s (a rebalance during close); leaving it to the session timeout");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode as C;
+
+    use super::no_longer_member;
+    use crate::error::Error;
+
+    #[test]
+    fn a_commit_the_group_refuses_for_a_gone_member_is_a_hand_off() {
+        for code in [C::UnknownMemberId, C::IllegalGeneration, C::RebalanceInProgress] {
+            assert!(no_longer_member(&Error::Kafka(KafkaError::ConsumerCommit(code))));
+        }
+        // Trouble that passes, or a refusal, is not a hand-off.
+        for code in [C::CoordinatorNotAvailable, C::GroupAuthorizationFailed] {
+            assert!(!no_longer_member(&Error::Kafka(KafkaError::ConsumerCommit(code))));
+        }
+        assert!(!no_longer_member(&Error::Config("x".into())));
     }
 }

@@ -6,13 +6,14 @@
 use std::time::Duration;
 
 use rdkafka::consumer::CommitMode;
+use tokio::sync::mpsc;
 
 use super::run_loop::RunLoop;
 use super::RunSummary;
 use crate::error::{Error, Result};
 use crate::failpoints;
 use crate::fold::{FoldTask, FromFold};
-use crate::kafka::consumer::{self, GroupConsumer};
+use crate::kafka::consumer::{self, GroupConsumer, GroupEvent};
 
 /// How long a failed run waits for the fold task to end before aborting it.
 const FOLD_STOP_BOUND: Duration = Duration::from_secs(30);
@@ -36,13 +37,21 @@ impl RunLoop<'_> {
     pub(super) async fn drain(
         mut self,
         kafka: GroupConsumer,
+        events: &mut mpsc::UnboundedReceiver<GroupEvent>,
         mut fold: FoldTask,
     ) -> Result<RunSummary> {
         // Commit what became durable even when a later poll failed (e.g.
         // the dead-letter topic stayed down through the shutdown).
         let failed = self.await_in_flight().await;
+        // A revoke the loop had not served yet (the stop came while the
+        // revoke callback ran): those partitions are not ours to commit.
+        while let Ok(ev) = events.try_recv() {
+            if let GroupEvent::Revoked(tps) = ev {
+                self.on_revoked(tps);
+            }
+        }
         let committed = failpoints::hit(failpoints::DRAIN_BEFORE_COMMIT)
-            .and_then(|()| self.commit(&kafka, CommitMode::Sync))
+            .and_then(|()| self.final_commit(&kafka))
             .and_then(|()| failpoints::hit(failpoints::DRAIN_BEFORE_FOLD));
         if let Some(e) = committed.err().or(failed) {
             return Err(stop_after_failure(kafka, fold, e).await);
@@ -62,6 +71,21 @@ impl RunLoop<'_> {
         consumer::close(kafka).await;
         self.pool.close().await?;
         Ok(summary)
+    }
+
+    /// The drain's commit. A group that no longer counts this member (its
+    /// session expired, or a rebalance took its partitions meanwhile)
+    /// refuses it: the partitions are another member's now, and it reads
+    /// them from the group's offsets again (idempotent by id). That is a
+    /// hand-off, not a failure: the stop goes on to its final fold.
+    fn final_commit(&mut self, kafka: &GroupConsumer) -> Result<()> {
+        match self.commit(kafka, CommitMode::Sync) {
+            Err(e) if consumer::no_longer_member(&e) => {
+                tracing::warn!(error = %e, "the group no longer counts this member: nothing more committed; the partitions' next owner re-reads (idempotent)");
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     /// Applies every in-flight ack in order, up to the first failure;

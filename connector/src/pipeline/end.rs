@@ -186,8 +186,14 @@ async fn end_targets(look: &Look<'_>) -> crate::error::Result<BTreeMap<TopicPart
         .collect();
     let parts = look.queries.partitions(topics).await?.partitions;
     let ends = look.queries.watermarks(parts).await?;
-    let targets: BTreeMap<TopicPartition, i64> =
-        ends.into_iter().map(|(tp, w)| (tp, w.high)).collect();
+    // A partition with nothing to read (empty, or every record deleted by
+    // retention) has no end to reach: no record will ever be durable or
+    // committed there.
+    let targets: BTreeMap<TopicPartition, i64> = ends
+        .into_iter()
+        .filter(|(_, w)| w.high > w.low)
+        .map(|(tp, w)| (tp, w.high))
+        .collect();
     tracing::info!(
         partitions = targets.len(),
         records_to = targets.values().sum::<i64>(),

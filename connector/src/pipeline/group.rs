@@ -40,7 +40,7 @@ impl RunLoop<'_> {
         Ok(())
     }
 
-    fn on_revoked(&mut self, tps: Vec<TopicPartition>) {
+    pub(super) fn on_revoked(&mut self, tps: Vec<TopicPartition>) {
         tracing::info!(event = "revoked", count = tps.len(), partitions = %names(&tps), "revoked");
         self.metrics.revoked(&tps);
         if let Some(role) = &self.role {

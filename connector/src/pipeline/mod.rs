@@ -188,15 +188,15 @@ async fn session(
         fold_loop = fold_loop.with_duty(duty);
     }
     // From here on, every exit closes the consumer through `consumer::close`.
-    let (kafka, events) =
+    let (kafka, mut events) =
         consumer::subscribe(config, run.offsets.clone(), metrics.clone(), kafka_stats)?;
     let mut fold = fold_loop.spawn();
-    if let Err(e) = run.serve(&kafka, events, &mut fold).await {
+    if let Err(e) = run.serve(&kafka, &mut events, &mut fold).await {
         total.records += run.taken;
         let e = drain::stop_after_failure(kafka, fold, e).await;
         return Err(watch.or_schema_moved(e).await);
     }
-    let summary = match run.drain(kafka, fold).await {
+    let summary = match run.drain(kafka, &mut events, fold).await {
         Ok(summary) => summary,
         Err(e) => return Err(watch.or_schema_moved(e).await),
     };

@@ -119,7 +119,7 @@ impl<'a> RunLoop<'a> {
     pub(super) async fn serve(
         &mut self,
         kafka: &GroupConsumer,
-        mut events: mpsc::UnboundedReceiver<GroupEvent>,
+        events: &mut mpsc::UnboundedReceiver<GroupEvent>,
         fold: &mut FoldTask,
     ) -> Result<()> {
         let mut commit_tick = tokio::time::interval(self.config.offsets.commit_interval);

@@ -21,16 +21,14 @@ mod wal;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use lance::dataset::mem_wal::DatasetMemWalExt;
-use lance::Dataset;
 use serde::Serialize;
 
 use crate::config::RetentionSettings;
-use crate::error::{Context, Result};
+use crate::error::Result;
 use crate::failpoints;
 use crate::graph::{Graph, GraphCommit};
 use crate::schema::MANIFEST_TABLE;
-use crate::shards::{self, LiveShards};
+use crate::shards::{self, LiveShards, WalTable};
 use crate::types::now_ms;
 
 pub use storage::{graph_storage, TableStorage};
@@ -128,12 +126,6 @@ impl Window {
     }
 }
 
-/// A table with a MemWAL and its shard ids.
-struct WalTable {
-    table: String,
-    shards: Vec<uuid::Uuid>,
-}
-
 /// Runs the four steps against the published head. `live` names the
 /// writers of this process (their own manifest stores trim); without one,
 /// a shard's manifest is trimmed by compare-and-swap at its stored epoch.
@@ -160,10 +152,10 @@ pub(crate) async fn collect(
             .map(|t| (t.clone(), TableGc::default()))
             .collect(),
     };
-    let wal_tables = wal_tables(graph, &head).await?;
+    let wal_tables = shards::of_commit(graph, &head).await?;
     collect_wal(graph, &wal_tables, dry_run, &mut report).await?;
     failpoints::hit(failpoints::GC_AFTER_WAL)?;
-    let covered = trim_generations(graph, &head, &wal_tables, live, dry_run, &mut report).await?;
+    let covered = trim_generations(graph, &wal_tables, live, dry_run, &mut report).await?;
     failpoints::hit(failpoints::GC_AFTER_TRIM)?;
     collect_generations(graph, &covered, dry_run, &mut report).await?;
     failpoints::hit(failpoints::GC_AFTER_GENERATIONS)?;
@@ -181,8 +173,8 @@ async fn collect_wal(
 ) -> Result<()> {
     for t in wal_tables {
         let ds = graph.open_table(&t.table, None).await?;
-        for &shard in &t.shards {
-            let removed = wal::collect(&ds, shard, dry_run).await?;
+        for s in t.shards() {
+            let removed = wal::collect(&ds, s.id, dry_run).await?;
             report
                 .tables
                 .entry(t.table.clone())
@@ -199,7 +191,6 @@ async fn collect_wal(
 /// returns the (table, shard, marker) whose directories may go.
 async fn trim_generations(
     graph: &Graph,
-    head: &GraphCommit,
     wal_tables: &[WalTable],
     live: &LiveShards,
     dry_run: bool,
@@ -207,13 +198,9 @@ async fn trim_generations(
 ) -> Result<Vec<(String, uuid::Uuid, u64)>> {
     let mut covered = Vec::new();
     for t in wal_tables {
-        let pinned = graph
-            .open_table(&t.table, Some(head.tables[&t.table]))
-            .await?;
-        let markers = shards::compacted_markers(&pinned).await?;
         let ds = graph.open_table(&t.table, None).await?;
-        for &shard in &t.shards {
-            let Some(&marker) = markers.get(&shard) else {
+        for s in t.shards() {
+            let (shard, Some(marker)) = (s.id, s.folded_upto) else {
                 continue; // nothing of this shard is folded yet
             };
             let trimmed = generations::trim(&ds, shard, marker, live.get(&shard), dry_run).await?;
@@ -275,30 +262,6 @@ async fn collect_versions(
         }
     }
     Ok(())
-}
-
-/// The graph's tables that have a MemWAL, with their shards.
-async fn wal_tables(graph: &Graph, head: &GraphCommit) -> Result<Vec<WalTable>> {
-    let mut out = Vec::new();
-    for table in head.tables.keys() {
-        let ds = graph.open_table(table, None).await?;
-        if let Some(shards) = shard_ids(graph, &ds, table).await? {
-            out.push(WalTable {
-                table: table.clone(),
-                shards,
-            });
-        }
-    }
-    Ok(out)
-}
-
-/// The shard ids of a MemWAL table (`None`: the table has no MemWAL).
-async fn shard_ids(graph: &Graph, ds: &Dataset, table: &str) -> Result<Option<Vec<uuid::Uuid>>> {
-    let details = ds.mem_wal_index_details().await.ctx(table)?;
-    Ok(details.map(|d| {
-        let n = shards::shard_count_or(graph, table, d.num_shards);
-        (0..n).map(|b| shards::shard_id(table, b)).collect()
-    }))
 }
 
 /// Retention as the fold loop runs it: after a publish, at most once per

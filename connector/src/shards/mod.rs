@@ -2,10 +2,12 @@
 //! spec, and the pool of one `ShardWriter` per (table, bucket). Does not
 //! decide when anything is acknowledged; it hands back durability watchers.
 //!
-//! One part per file: this outline holds the ids and the shard manifests;
-//! `pool` the `ShardPool` (claims, releases, freeze cuts, close), `table`
-//! one table's routing and WAL writes, `owners` the claimant notes,
-//! `unfolded` what the WAL holds that no fold has published.
+//! One part per file: this outline holds the ids, the shard manifests and
+//! the one walk over a commit's shards (`of_commit`); `pool` the
+//! `ShardPool` (claims, releases, freeze cuts, close) over `table` (one
+//! table's writers, routing and WAL writes; it imports no `pool`),
+//! `owners` the claimant notes, `unfolded` what the WAL holds that no fold
+//! has published.
 
 mod owners;
 mod pool;
@@ -20,7 +22,7 @@ use lance_index::mem_wal::{MemWalIndexDetails, ShardManifest};
 use uuid::Uuid;
 
 use crate::error::{Context, Error, Result};
-use crate::graph::Graph;
+use crate::graph::{Graph, GraphCommit};
 
 pub(crate) use owners::shard_owner;
 pub use owners::{holder, ShardOwner};
@@ -113,12 +115,67 @@ pub(crate) async fn compacted_markers(ds: &Dataset) -> Result<HashMap<Uuid, u64>
 }
 
 /// The compacted generation marker of each shard in a MemWAL index's details.
-pub(crate) fn markers_of(details: &MemWalIndexDetails) -> HashMap<Uuid, u64> {
+fn markers_of(details: &MemWalIndexDetails) -> HashMap<Uuid, u64> {
     details
         .compacted_sstables
         .iter()
         .map(|c| (c.shard_id, c.generation))
         .collect()
+}
+
+/// One MemWAL table of a graph commit: the table at the version the
+/// commit pins, and how far the commit has folded each of its shards.
+pub(crate) struct WalTable {
+    pub table: String,
+    /// The table at the commit's version.
+    pub ds: Dataset,
+    /// Shards N, as created (or as the index lists them: `shard_count_or`).
+    buckets: u32,
+    markers: HashMap<Uuid, u64>,
+}
+
+/// One shard of a `WalTable`.
+pub(crate) struct WalShard {
+    pub bucket: u32,
+    pub id: Uuid,
+    /// The commit's compacted generation marker: generations up to this
+    /// one are folded (`None`: nothing of the shard is).
+    pub folded_upto: Option<u64>,
+}
+
+impl WalTable {
+    /// Each shard of the table, by bucket.
+    pub(crate) fn shards(&self) -> impl Iterator<Item = WalShard> + '_ {
+        (0..self.buckets).map(|bucket| {
+            let id = shard_id(&self.table, bucket);
+            let folded_upto = self.markers.get(&id).copied();
+            WalShard {
+                bucket,
+                id,
+                folded_upto,
+            }
+        })
+    }
+}
+
+/// The one walk over the shards of a commit (`status`, retention,
+/// `unfolded`): every table it pins that has a MemWAL, in name order, each
+/// opened at its pinned version with the compacted markers there.
+pub(crate) async fn of_commit(graph: &Graph, commit: &GraphCommit) -> Result<Vec<WalTable>> {
+    let mut out = Vec::new();
+    for (table, &version) in &commit.tables {
+        let ds = graph.open_table(table, Some(version)).await?;
+        let Some(details) = ds.mem_wal_index_details().await.ctx(table)? else {
+            continue;
+        };
+        out.push(WalTable {
+            table: table.clone(),
+            buckets: shard_count_or(graph, table, details.num_shards),
+            markers: markers_of(&details),
+            ds,
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use lance::dataset::mem_wal::{
-    DatasetMemWalExt, FreezeFence, ShardManifestStore, ShardWriter, ShardWriterConfig,
+    DatasetMemWalExt, FreezeFence, ShardManifestStore, ShardWriterConfig,
 };
 use lance::Dataset;
 use uuid::Uuid;
@@ -16,15 +16,8 @@ use crate::graph::Graph;
 use crate::schema::REJECTS_TABLE;
 
 use super::owners::note_owners;
-use super::table::{fenced_or, single_pk, Router, TableShards};
+use super::table::{fenced_or, single_pk, Router, Shard, TableShards};
 use super::{initialize_shards, shard_count, shard_id};
-
-/// One open writer and where it belongs.
-pub struct Shard {
-    pub table: String,
-    pub bucket: u32,
-    pub writer: Arc<ShardWriter>,
-}
 
 /// A live writer's own manifest store and epoch: what lets another task
 /// (retention) commit to the shard manifest without fencing the writer.

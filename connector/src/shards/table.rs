@@ -7,15 +7,13 @@ use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, Int32Array, RecordBatch, StringArray, UInt32Array};
 use arrow::datatypes::Int32Type;
-use lance::dataset::mem_wal::{evaluate_sharding_spec, BatchDurableWatcher};
+use lance::dataset::mem_wal::{evaluate_sharding_spec, BatchDurableWatcher, ShardWriter};
 use lance_index::mem_wal::ShardingSpec;
 use uuid::Uuid;
 
 use crate::error::{shown, Context, Error, PublicResult, Result};
 use crate::graph::ShardLayout;
 use crate::schema::SRC_PARTITION;
-
-use super::pool::Shard;
 
 /// How a table's rows find their shard.
 pub(super) enum Router {
@@ -29,6 +27,13 @@ pub(super) enum Router {
     /// The row's (topic, partition), numbered by the layout (`partition`
     /// sharding of the rejects table).
     Source(Arc<ShardLayout>),
+}
+
+/// One open writer and where it belongs.
+pub struct Shard {
+    pub table: String,
+    pub bucket: u32,
+    pub writer: Arc<ShardWriter>,
 }
 
 /// The writers of one table plus what routing needs.

@@ -1,12 +1,12 @@
 //! What the MemWAL tier holds that the published graph does not (a run
 //! with nothing assigned asks before it says the graph is caught up).
 
-use lance::dataset::mem_wal::{DatasetMemWalExt, WalTailer};
+use lance::dataset::mem_wal::WalTailer;
 
 use crate::error::{Context, Result};
 use crate::graph::Graph;
 
-use super::{latest_manifest, markers_of, shard_count, shard_id};
+use super::{latest_manifest, of_commit};
 
 /// What is durable in the MemWAL tier but not in the published graph.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -30,21 +30,16 @@ impl Unfolded {
 pub(crate) async fn unfolded(graph: &Graph) -> Result<Unfolded> {
     let head = graph.head().await?;
     let mut out = Unfolded::default();
-    for (table, &version) in &head.tables {
-        let ds = graph.open_table(table, Some(version)).await?;
-        let Some(details) = ds.mem_wal_index_details().await.ctx(table)? else {
-            continue;
-        };
-        let markers = markers_of(&details);
-        let store = ds.object_store(None).await.ctx("object store")?;
-        for bucket in 0..shard_count(graph, table)? {
-            let shard = shard_id(table, bucket);
-            let Some(m) = latest_manifest(&ds, shard).await? else {
+    for t in of_commit(graph, &head).await? {
+        let store = t.ds.object_store(None).await.ctx("object store")?;
+        for s in t.shards() {
+            let shard = s.id;
+            let Some(m) = latest_manifest(&t.ds, shard).await? else {
                 continue;
             };
-            let upto = markers.get(&shard).copied().unwrap_or(0);
+            let upto = s.folded_upto.unwrap_or(0);
             out.generations += m.sstables.iter().filter(|g| g.generation > upto).count();
-            let tail = WalTailer::new(store.clone(), ds.branch_location().path, shard);
+            let tail = WalTailer::new(store.clone(), t.ds.branch_location().path, shard);
             let end = tail
                 .next_position()
                 .await
