@@ -102,6 +102,8 @@ pub(crate) struct Stage {
     pub group: String,
     pub topics: Topics,
     pub source: Reach,
+    /// The continuous producer's records a second.
+    pub rate: u32,
     producer: Reach,
     pub launch: Launch,
     tansu: bool,
@@ -139,11 +141,13 @@ impl Stage {
         let dir = env.work.join(name);
         let root = root.unwrap_or_else(|| dir.join("graph"));
         let graph = GraphRoot::local(&root.display().to_string());
-        Stage::on(env, name, seed, Site::brokers(main, dlq), graph, "").await
+        let site = Site::brokers(main, dlq);
+        Stage::on(env, name, seed, site, graph, "", env.args.rate).await
     }
 
     /// A stage on `site`, whose topics exist; `graph_lines` go into
-    /// `[graph]` after the root (storage options).
+    /// `[graph]` after the root (storage options); the producer writes
+    /// `rate` records a second.
     pub(crate) async fn on(
         env: &Env,
         name: &str,
@@ -151,6 +155,7 @@ impl Stage {
         site: Site,
         graph: GraphRoot,
         graph_lines: &str,
+        rate: u32,
     ) -> Res<Stage> {
         let dir = env.work.join(name);
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -179,7 +184,8 @@ impl Stage {
             topics,
             tails,
             dead_letters,
-            feed: Some(Feed::start(&site.producer, gen, env.args.rate)?),
+            feed: Some(Feed::start(&site.producer, gen, rate)?),
+            rate,
             producer: site.producer,
             source: site.source,
             launch: site.launch,

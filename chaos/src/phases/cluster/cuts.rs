@@ -54,7 +54,7 @@ async fn cut(
     let mut st = c
         .stage(env, name, seed, &m1, preferred, local_graph(env, name))
         .await?;
-    let mut meter = Meter::start(c, &st, env)?;
+    let mut meter = Meter::start(c, &st)?;
     let mut g = Supervised::start(&st, env, &[], None)?;
     meter.warm_up(&mut g, &st, env, r).await?;
     let (node, length, what) = if leader_only {

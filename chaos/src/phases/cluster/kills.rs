@@ -38,7 +38,7 @@ pub(super) async fn kill_leader(
     let mut st = c
         .stage(env, name, seed, &m1, preferred, local_graph(env, name))
         .await?;
-    let mut meter = Meter::start(c, &st, env)?;
+    let mut meter = Meter::start(c, &st)?;
     let mut g = Supervised::start(&st, env, &[], None)?;
     meter.warm_up(&mut g, &st, env, r).await?;
     let leader = c.leader_of(&st)?;
@@ -80,7 +80,7 @@ pub(super) async fn kill_controller(
     let mut st = c
         .stage(env, name, seed, &m1, preferred, local_graph(env, name))
         .await?;
-    let mut meter = Meter::start(c, &st, env)?;
+    let mut meter = Meter::start(c, &st)?;
     let mut g = Supervised::start(&st, env, &[], None)?;
     meter.warm_up(&mut g, &st, env, r).await?;
     let controller = c.kc.active_controller()?;
@@ -131,7 +131,7 @@ pub(super) async fn kill_coordinator(
     let mut st = c
         .stage(env, name, seed, &m1, preferred, local_graph(env, name))
         .await?;
-    let mut meter = Meter::start(c, &st, env)?;
+    let mut meter = Meter::start(c, &st)?;
     let mut g = Supervised::start(&st, env, &[], Some(INSIDE_A_DELIVERY.into()))?;
     let pid = g.p.pid();
     if !g

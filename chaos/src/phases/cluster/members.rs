@@ -203,9 +203,14 @@ pub(super) async fn members(
     let end = c.member_host("end")?;
     let preferred = *c.kc.node_ids().choose(&mut rng).expect("nodes");
     let graph = s3_graph(c, &s3, &name, seed);
-    let mut st = c.stage(env, &name, seed, &end, preferred, graph).await?;
+    // moto, on the 2 busy cores, keeps up with three members folding a
+    // third of the usual rate (the final run's fold must end in 3 minutes).
+    let rate = (env.args.rate / 3).max(20);
+    let mut st = c
+        .stage_at(env, &name, seed, &end, preferred, graph, rate)
+        .await?;
     shard_by_partition(&st, protocol)?;
-    let mut meter = Meter::start(c, &st, env)?;
+    let mut meter = Meter::start(c, &st)?;
     let mut crew = Crew::new(c)?;
     for _ in 0..MEMBERS {
         crew.spawn(c, &st, env)?;

@@ -35,7 +35,7 @@ pub(crate) struct Meter {
 }
 
 impl Meter {
-    pub(super) fn start(c: &Cluster, st: &Stage, env: &Env) -> Res<Meter> {
+    pub(super) fn start(c: &Cluster, st: &Stage) -> Res<Meter> {
         let topics = st
             .topics
             .mapped()
@@ -44,7 +44,7 @@ impl Meter {
             .collect();
         Ok(Meter {
             sampler: CommitSampler::start(&c.admin, &st.group, topics)?,
-            floor: i64::from(env.args.rate),
+            floor: i64::from(st.rate),
             faults: Vec::new(),
         })
     }

@@ -112,7 +112,8 @@ impl Cluster {
     /// A stage on the cluster: the phase's mapped topics (RF 3) with every
     /// partition's preferred leader on node `leader`, so "the leader of
     /// graphsink's partitions" is one node; the dead-letter topic (RF 3);
-    /// the producer's and graphsink's ACLs; graphsink on `member`.
+    /// the producer's and graphsink's ACLs; graphsink on `member`; the
+    /// producer at `--rate`.
     pub(super) async fn stage(
         &self,
         env: &Env,
@@ -121,6 +122,22 @@ impl Cluster {
         member: &ClientHost,
         leader: u32,
         graph: (GraphRoot, String),
+    ) -> Res<Stage> {
+        self.stage_at(env, name, seed, member, leader, graph, env.args.rate)
+            .await
+    }
+
+    /// [`Cluster::stage`] with the producer at `rate` records a second.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn stage_at(
+        &self,
+        env: &Env,
+        name: &str,
+        seed: u64,
+        member: &ClientHost,
+        leader: u32,
+        graph: (GraphRoot, String),
+        rate: u32,
     ) -> Res<Stage> {
         let topics = stage::topics_for(name, seed);
         let group = stage::group_for(name, seed);
@@ -151,7 +168,7 @@ impl Cluster {
             tansu: false,
             launch: self.launch(member)?,
         };
-        Stage::on(env, name, seed, site, graph.0, &graph.1).await
+        Stage::on(env, name, seed, site, graph.0, &graph.1, rate).await
     }
 
     /// How graphsink starts on `member`: in its namespace, its password

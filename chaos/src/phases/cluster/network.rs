@@ -37,7 +37,7 @@ pub(super) async fn slow_network(
     let mut st = c
         .stage(env, name, seed, &m1, preferred, local_graph(env, name))
         .await?;
-    let mut meter = Meter::start(c, &st, env)?;
+    let mut meter = Meter::start(c, &st)?;
     let mut g = Supervised::start(&st, env, &[], None)?;
     meter.warm_up(&mut g, &st, env, r).await?;
 

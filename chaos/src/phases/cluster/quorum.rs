@@ -51,7 +51,7 @@ pub(super) async fn min_isr(env: &Env, c: &mut Cluster, seed: u64, r: &mut Phase
         format!("{text}\n[http]\nstall_bound = \"{STALL_BOUND}\"\n"),
     )
     .map_err(|e| e.to_string())?;
-    let mut meter = Meter::start(c, &st, env)?;
+    let mut meter = Meter::start(c, &st)?;
     let mut g = Supervised::start(&st, env, &["--http", HTTP], None)?;
     meter.warm_up(&mut g, &st, env, r).await?;
     match ready(m1.host()) {

@@ -28,7 +28,7 @@ pub(super) async fn rolling_restart(
     let mut st = c
         .stage(env, name, seed, &m1, order[0], local_graph(env, name))
         .await?;
-    let mut meter = Meter::start(c, &st, env)?;
+    let mut meter = Meter::start(c, &st)?;
     let mut g = Supervised::start(&st, env, &[], None)?;
     meter.warm_up(&mut g, &st, env, r).await?;
     let start = now();

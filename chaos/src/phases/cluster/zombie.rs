@@ -2,8 +2,9 @@
 //! graph, the one folding is cut off from every node (not from the graph's
 //! storage) while the others go on. The group moves its partitions after
 //! its session; their new owners claim its shards, which fences whatever
-//! it still writes there; healed, it must rejoin without doubling anything
-//! (the checker's audit), and its log says what happened to it.
+//! it still writes there. It must find out (its partitions revoked as lost
+//! when its session ends, or a write fenced: its log says which), rejoin
+//! once healed, and double nothing (the checker's audit).
 
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ pub(super) async fn zombie(env: &Env, c: &mut Cluster, seed: u64, r: &mut PhaseR
         .stage(env, name, seed, &end, preferred, local_graph(env, name))
         .await?;
     shard_by_partition(&st, "range")?;
-    let mut meter = Meter::start(c, &st, env)?;
+    let mut meter = Meter::start(c, &st)?;
     let mut crew = Crew::new(c)?;
     for _ in 0..3 {
         crew.spawn(c, &st, env)?;
@@ -64,23 +65,26 @@ pub(super) async fn zombie(env: &Env, c: &mut Cluster, seed: u64, r: &mut PhaseR
         now(),
     );
     meter.settle(&mut crew, &st, env, r).await?;
-    let seen: Vec<String> = [
-        "event=\"fenced\"",
-        "event=\"commit_race\"",
-        "event=\"revoked\"",
-        "event=\"assigned\"",
-    ]
-    .iter()
-    .filter_map(|e| log_line(&log, from, e))
-    .map(|l| l.trim().to_string())
-    .collect();
+    // What the zombie learnt, in its own words: that its assignment was
+    // lost (librdkafka ends its session while it is cut off) or that a
+    // write was fenced by a shard's new owner; then its rejoin.
+    let said = |needle: &str| log_line(&log, from, needle).map(|l| l.trim().to_string());
+    let fenced = said("event=\"fenced\"");
+    let lost = said("assignment lost");
+    let revoked = said("event=\"revoked\"");
+    if fenced.is_none() && lost.is_none() && revoked.is_none() {
+        r.errors.push(format!(
+            "the zombie (member {n}) never said it was fenced or lost its partitions: {}",
+            crew.tail()
+        ));
+    }
+    let seen: Vec<String> = [lost, fenced, revoked, said("event=\"assigned\"")]
+        .into_iter()
+        .flatten()
+        .collect();
     r.notes.push(format!(
         "the zombie (member {n}) after the cut: {}",
-        if seen.is_empty() {
-            "nothing about its group or shards".into()
-        } else {
-            seen.join(" | ")
-        }
+        seen.join(" | ")
     ));
     meter.report(r);
     crew.stop_all(r).await;
