@@ -123,6 +123,29 @@ pub struct Options {
     pub heap: Option<String>,
 }
 
+impl Options {
+    /// One node with the cluster's security (SASL_SSL with SCRAM-SHA-512,
+    /// mTLS, the standard authorizer, deny by default) and everything
+    /// replicated once: the secured broker of a test about permissions,
+    /// not replication (tests/e2e/security.rs), at a third of the cost.
+    pub fn single_node() -> Options {
+        let once = [
+            "default.replication.factor",
+            "min.insync.replicas",
+            "offsets.topic.replication.factor",
+            "transaction.state.log.replication.factor",
+            "transaction.state.log.min.isr",
+            "share.coordinator.state.topic.replication.factor",
+            "share.coordinator.state.topic.min.isr",
+        ];
+        Options {
+            nodes: 1,
+            extra: once.iter().map(|k| (k.to_string(), "1".into())).collect(),
+            ..Options::default()
+        }
+    }
+}
+
 impl Default for Options {
     fn default() -> Options {
         Options {

@@ -18,9 +18,9 @@ use serde_json::json;
 use crate::harness::{read_table, unique, SCHEMA};
 
 /// What graphsink's principal needs for a run with a dead-letter topic
-/// and fold-reject transactions, found by running graphsink with each one
-/// left out (docs/security.md has what each absence did). DESCRIBE is in
-/// none of them: Kafka implies it from READ and WRITE.
+/// and fold-reject transactions: the list docs/security.md gives, each one
+/// shown needed by tests/e2e/security.rs (revoked, the run exits 5 naming
+/// it). DESCRIBE is in none of them: Kafka implies it from READ and WRITE.
 pub(crate) fn graphsink_acls(user: &str, topics: &[&str], group: &str, dlq: &str) -> Vec<Acl> {
     let mut acls: Vec<Acl> = topics
         .iter()

@@ -17,6 +17,7 @@ mod recovery;
 mod rejects;
 mod retention;
 mod scaleout;
+mod security;
 mod storage;
 
 /// Writes the tracing output of in-process runs to the test's stderr.

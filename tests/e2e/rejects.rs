@@ -598,23 +598,77 @@ async fn an_uncommitted_fold_reject_attempt_is_never_seen() {
     assert_eq!(dlq[0].header("graphsink.stage").as_deref(), Some("fold"));
 }
 
-/// A dead-letter cluster that refuses transactions to graphsink: fold
-/// rejects fall back to the read-back rule, said once at ERROR per process
-/// (docs/dead-letters.md, "Without transactions"). The rule then keeps a
-/// fold reject once across a crash between its produce and its delivery
-/// mark: the restart reads it back and does not produce it again.
+/// A dead-letter cluster that refuses graphsink its fold-reject
+/// `transactional.id` (an ACL) is no cluster without transactions: the run
+/// stops with exit 5 and one line naming the permission, in graphsink's
+/// words and Kafka's, and falls back to nothing (issue 55). The read-back
+/// rule of issue 50 is for brokers that have no transactions
+/// (UNSUPPORTED_VERSION and the like), not for a permission an operator
+/// left out; a fold reject is not produced without it.
 ///
 /// The refusal is real: a private Apache Kafka 4.4 with the standard
 /// authorizer and an ACL that denies `Write` on the transactional ids
-/// `graphsink-fold-*` (as a cluster whose operator grants idempotent
-/// produce but not transactions would). Kafka answers `InitProducerId`
-/// with TRANSACTIONAL_ID_AUTHORIZATION_FAILED; idempotent produces, reads
+/// `graphsink-fold-*`; Kafka answers `InitProducerId` with
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED, while idempotent produces, reads
 /// and topic creation stay allowed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until kafka/dead_letters.rs::refuses_transactions counts TRANSACTIONAL_ID_AUTHORIZATION_FAILED as a refusal: graphsink retries the init for ever (issue 50)"]
-async fn a_cluster_that_refuses_transactions_gives_one_error_and_the_read_back_rule() {
+async fn a_refused_transactional_id_stops_the_run_naming_it() {
     crate::init_logs();
     let (kafka, bootstrap) = kafka_refusing_transactions();
+    let tg = one_fold_reject(
+        Backend::Local,
+        &format!(
+            "[log]\nformat = \"json\"\n[errors.producer]\n\"bootstrap.servers\" = \"{bootstrap}\""
+        ),
+    )
+    .await;
+    let run = tg.spawn_capturing(&["run", "--exit-at-end"], &[]);
+    let (code, stderr) = run.exit_within(Duration::from_secs(120)).await;
+    assert_eq!(code, Some(5), "a refused permission exits 5: {stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("graphsink: error: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0]
+            .contains("not authorized: graphsink needs WRITE on transactional id graphsink-fold-")
+            && lines[0].contains("(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)"),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(fallback_errors(&stderr), 0, "no fallback: {stderr}");
+    assert!(
+        !stderr.contains("transaction failed; retrying"),
+        "no retry either: {stderr}"
+    );
+    let dlq = read_topic_to_end_on(&bootstrap, &tg.dlq, "read_uncommitted");
+    assert!(dlq.is_empty(), "nothing produced without it: {}", dlq.len());
+    drop(kafka);
+}
+
+/// Issue 50: a dead-letter broker that has no transactions (refuses
+/// `InitProducerId` as unsupported) gives one ERROR and the read-back rule:
+/// a crash after the produce and before the delivery mark re-delivers
+/// nothing, since the restart reads the topic back, and a later fold's
+/// reject goes out the same way, with no second ERROR.
+///
+/// The broker is librdkafka's own mock cluster whose `FindCoordinator`
+/// stops at version 0, which cannot name a transaction coordinator: a
+/// fake, because no real broker here lacks transactions (Apache Kafka has
+/// had them since 0.11; tansu 0.6 accepts them). librdkafka then refuses
+/// transactions itself, as against such a broker (UNSUPPORTED_FEATURE,
+/// fatal to the transactional producer), while its idempotent produces
+/// work. The mapped topics stay on the real Kafka.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_broker_without_transactions_gives_one_error_and_the_read_back_rule() {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::RDKafkaApiKey;
+    crate::init_logs();
+    let mock = MockCluster::new(1).expect("librdkafka's mock cluster");
+    mock.apiversion(RDKafkaApiKey::FindCoordinator, Some(0), Some(0))
+        .expect("FindCoordinator v0 only");
+    let bootstrap = mock.bootstrap_servers();
     let tg = one_fold_reject(
         Backend::Local,
         &format!(
@@ -622,6 +676,8 @@ async fn a_cluster_that_refuses_transactions_gives_one_error_and_the_read_back_r
         ),
     )
     .await;
+    mock.create_topic(&tg.dlq, 1, 1)
+        .expect("the dead-letter topic");
     let dlq = |isolation| read_topic_to_end_on(&bootstrap, &tg.dlq, isolation);
 
     // A crash after the produce, before the delivery mark.
@@ -673,7 +729,40 @@ async fn a_cluster_that_refuses_transactions_gives_one_error_and_the_read_back_r
         });
     assert_eq!(ids.len(), 2, "two fold rejects: {ids:?}");
     assert!(ids.values().all(|&n| n == 1), "each once: {ids:?}");
-    drop(kafka);
+    drop(mock);
+}
+
+/// The same broker as seen by its user: one without `InitProducerId` at
+/// all (librdkafka's mock cluster with the API taken out: a fake, as
+/// above) has no idempotent producer either, so the user turns
+/// idempotence off for the dead-letter producer; transactions need it, so
+/// fold rejects take the read-back rule, said once at ERROR.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_producer_without_idempotence_takes_the_read_back_rule() {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::RDKafkaApiKey;
+    crate::init_logs();
+    let mock = MockCluster::new(1).expect("librdkafka's mock cluster");
+    mock.apiversion(RDKafkaApiKey::InitProducerId, None, None)
+        .expect("take InitProducerId out");
+    let bootstrap = mock.bootstrap_servers();
+    let tg = one_fold_reject(
+        Backend::Local,
+        &format!(
+            "[log]\nformat = \"json\"\n[errors.producer]\n\"bootstrap.servers\" = \"{bootstrap}\"\n\"enable.idempotence\" = \"false\""
+        ),
+    )
+    .await;
+    mock.create_topic(&tg.dlq, 1, 1)
+        .expect("the dead-letter topic");
+    let run = tg.spawn_capturing(&["run", "--exit-at-end"], &[]);
+    let (code, stderr) = run.exit_within(Duration::from_secs(120)).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(fallback_errors(&stderr), 1, "{stderr}");
+    assert!(stderr.contains("enable.idempotence = false"), "{stderr}");
+    let dlq = read_topic_to_end_on(&bootstrap, &tg.dlq, "read_uncommitted");
+    assert_eq!(dlq.len(), 1, "the fold reject, once");
+    drop(mock);
 }
 
 /// A private Kafka whose ACLs deny graphsink's fold-reject transactional

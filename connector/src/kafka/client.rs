@@ -4,9 +4,12 @@
 //! user's connection and producer tuning pass through. It creates no clients.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 
+use super::denied::{Refused, SeenRefusal};
 use crate::config::{Config, Sharding};
 
 /// librdkafka properties that only a consumer understands.
@@ -121,7 +124,19 @@ pub(crate) fn servers(config: &Config) -> &str {
 /// A client context for one-shot clients (CLI commands, offset queries):
 /// librdkafka's connection errors and logs go to debug, since the caller
 /// reports a failure once, as its error (`RUST_LOG=rdkafka=debug` shows them).
-pub(crate) struct QuietContext;
+/// A refusal among them (a failed SASL handshake) is kept for that error
+/// (`QuietContext::refused`).
+#[derive(Default)]
+pub(crate) struct QuietContext {
+    seen: SeenRefusal,
+}
+
+impl QuietContext {
+    /// The refusal librdkafka reported to this client, if any.
+    pub(crate) fn refused(&self) -> Option<Refused> {
+        self.seen.get()
+    }
+}
 
 impl rdkafka::ClientContext for QuietContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
@@ -129,11 +144,31 @@ impl rdkafka::ClientContext for QuietContext {
     }
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.seen.note(&error);
         tracing::debug!(target: "rdkafka::client", "librdkafka: {error}: {reason}");
     }
 }
 
 impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
+/// The refusal a one-shot consumer met: librdkafka queues a failed SASL
+/// handshake as an error event on the consumer's queue (no callback fires
+/// until it is polled), so the queue is drained here, without waiting.
+pub(crate) fn queued_refusal(c: &BaseConsumer<QuietContext>) -> Option<Refused> {
+    // Bounded: an error event per failed connection attempt at most.
+    for _ in 0..64 {
+        match c.poll(Duration::ZERO) {
+            Some(Err(e)) => {
+                if let Some(r) = Refused::of(&e) {
+                    return Some(r);
+                }
+            }
+            Some(Ok(_)) => {}
+            None => break,
+        }
+    }
+    c.context().refused()
+}
 
 #[cfg(test)]
 mod tests {

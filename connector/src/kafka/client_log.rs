@@ -5,12 +5,14 @@
 //! says how often it repeated, not a flood.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::ClientContext;
+
+use super::denied::SeenRefusal;
 
 /// At most one line per kind of message in this interval.
 pub(crate) const EVERY: Duration = Duration::from_secs(10);
@@ -66,19 +68,29 @@ impl RateLimit {
 
 /// The context of graphsink's long-lived clients: errors and warnings at
 /// most once per `EVERY` per kind, with a repeat count; the rest at debug.
+/// A refusal among the errors (a failed SASL handshake) is noted in a
+/// `SeenRefusal` the client's owner keeps (`ClientLog::noting`).
 pub(crate) struct ClientLog {
     limit: RateLimit,
+    seen: Arc<SeenRefusal>,
 }
 
 impl Default for ClientLog {
     fn default() -> Self {
-        ClientLog {
-            limit: RateLimit::new(EVERY),
-        }
+        ClientLog::noting(Arc::default())
     }
 }
 
 impl ClientLog {
+    /// A context that notes refusals in `seen`, which its client's owner
+    /// keeps (rust-rdkafka's producer does not lend its context).
+    pub(crate) fn noting(seen: Arc<SeenRefusal>) -> ClientLog {
+        ClientLog {
+            limit: RateLimit::new(EVERY),
+            seen,
+        }
+    }
+
     pub(crate) fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         use RDKafkaLogLevel as L;
         let warn = matches!(
@@ -98,6 +110,7 @@ impl ClientLog {
     }
 
     pub(crate) fn error(&self, error: &KafkaError, reason: &str) {
+        self.seen.note(error);
         let kind = format!("error:{:?}", error.rdkafka_error_code());
         if let Some(repeated) = self.limit.admit(&kind, Instant::now()) {
             tracing::error!(target: "librdkafka", %error, repeated, "{reason}");

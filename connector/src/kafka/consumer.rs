@@ -1,8 +1,10 @@
 //! The consumer group: joining (cooperative-sticky, no auto commit),
 //! rebalance events, sending the commits `offsets` names and telling it
-//! which the broker took, and the bounded close. It never decides what is
+//! which the broker took, what a refusal of the group's permissions comes
+//! to (`refusal`), and the bounded close. It never decides what is
 //! durable or what may be committed; `offsets::OffsetBook` does.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +15,8 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use super::client_log::ClientLog;
+use super::denied::{self, Refused};
+use super::queries::OffsetQueries;
 use super::{blocking, client};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -21,11 +25,17 @@ use crate::metrics::Metrics;
 use crate::offsets::OffsetBook;
 use crate::types::TopicPartition;
 
-/// What librdkafka's rebalance callbacks tell the run loop.
+/// What librdkafka's rebalance and commit callbacks tell the run loop.
 #[derive(Debug)]
 pub(crate) enum GroupEvent {
     Assigned(Vec<TopicPartition>),
     Revoked(Vec<TopicPartition>),
+    /// The cluster refused a commit or a rebalance: the session stops
+    /// (`denied`). `topics`: those a commit named with the refusal.
+    Refused {
+        refused: Refused,
+        topics: Vec<String>,
+    },
 }
 
 pub(crate) struct GroupContext {
@@ -101,6 +111,10 @@ impl ConsumerContext for GroupContext {
                         tracing::info!(partitions = commit.len(), "committed on revoke")
                     }
                     Err(e) => {
+                        if let Some(refused) = Refused::of(&e) {
+                            let topics = commit.iter().map(|((t, _), _)| t.clone()).collect();
+                            let _ = self.events.send(GroupEvent::Refused { refused, topics });
+                        }
                         tracing::warn!(error = %e, "commit on revoke failed; the next owner re-reads (idempotent)")
                     }
                 }
@@ -115,7 +129,13 @@ impl ConsumerContext for GroupContext {
             Rebalance::Assign(tpl) => {
                 let _ = self.events.send(GroupEvent::Assigned(tp_list(tpl)));
             }
-            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
+            Rebalance::Error(e) => {
+                if let Some(refused) = Refused::of(e) {
+                    let topics = Vec::new();
+                    let _ = self.events.send(GroupEvent::Refused { refused, topics });
+                }
+                tracing::warn!(error = %e, "rebalance error")
+            }
             Rebalance::Revoke(_) => {}
         }
     }
@@ -128,16 +148,31 @@ impl ConsumerContext for GroupContext {
         offsets: &TopicPartitionList,
     ) {
         let mut took = Vec::new();
+        let mut refused_topics = Vec::new();
         for e in offsets.elements() {
-            if let (Offset::Offset(n), Ok(())) = (e.offset(), e.error()) {
-                took.push(((e.topic().to_string(), e.partition()), n));
+            match (e.offset(), e.error()) {
+                (Offset::Offset(n), Ok(())) => {
+                    took.push(((e.topic().to_string(), e.partition()), n))
+                }
+                (_, Err(k)) if Refused::of(&k) == Some(Refused::Topic) => {
+                    refused_topics.push(e.topic().to_string())
+                }
+                _ => {}
             }
         }
         if !took.is_empty() {
             self.offsets.committed(&took);
             self.metrics.committed(&took);
         }
-        if let Err(e) = result {
+        let refused = match &result {
+            Err(e) => Refused::of(e),
+            Ok(()) => None,
+        };
+        if let Some(refused) = refused.or((!refused_topics.is_empty()).then_some(Refused::Topic)) {
+            refused_topics.dedup();
+            let topics = refused_topics;
+            let _ = self.events.send(GroupEvent::Refused { refused, topics });
+        } else if let Err(e) = result {
             tracing::warn!(error = %e, "offset commit failed; it is sent again at the next commit");
         }
     }
@@ -185,6 +220,60 @@ pub(crate) fn subscribe(
 /// Every topic the config maps, in order.
 pub(crate) fn mapped_topics(config: &Config) -> Vec<&str> {
     config.mappings.iter().map(|m| m.topic.as_str()).collect()
+}
+
+/// The NotAuthorized a refusal of the group consumer comes to. Its errors
+/// name no topic: a topic refusal is found in the metadata of each mapped
+/// topic; where the metadata shows none (DESCRIBE allowed, READ not), the
+/// topics this member holds are named, or every mapped one.
+pub(crate) async fn refusal(
+    r: Refused,
+    config: &Config,
+    queries: &OffsetQueries,
+    held: &BTreeSet<TopicPartition>,
+) -> Error {
+    let group = queries.group().to_string();
+    match r {
+        Refused::Group => r.needs(denied::read_group(&group)),
+        Refused::Topic => {
+            let topics = refused_topics(config, queries, held).await;
+            r.needs(denied::read_topics(&topics))
+        }
+        Refused::Credentials => r.needs(denied::credentials(
+            config.kafka.get("sasl.username").map(String::as_str),
+        )),
+        Refused::Cluster | Refused::TransactionalId => {
+            r.needs(format!("a permission for group {group}'s consumer"))
+        }
+    }
+}
+
+/// The mapped topics whose metadata is refused; else those held; else all.
+async fn refused_topics(
+    config: &Config,
+    queries: &OffsetQueries,
+    held: &BTreeSet<TopicPartition>,
+) -> Vec<String> {
+    let mapped: BTreeSet<String> = mapped_topics(config)
+        .into_iter()
+        .map(String::from)
+        .collect();
+    if let Ok(found) = queries.partitions(mapped.iter().cloned().collect()).await {
+        let refused: Vec<String> = found
+            .missing
+            .into_iter()
+            .filter(|m| m.refused)
+            .map(|m| m.topic)
+            .collect();
+        if !refused.is_empty() {
+            return refused;
+        }
+    }
+    let held: BTreeSet<String> = held.iter().map(|(t, _)| t.clone()).collect();
+    match held.is_empty() {
+        true => mapped.into_iter().collect(),
+        false => held.into_iter().collect(),
+    }
 }
 
 /// Leaves and rejoins the group (the stall watch's remedy for a member
@@ -290,12 +379,20 @@ mod tests {
 
     #[test]
     fn a_commit_the_group_refuses_for_a_gone_member_is_a_hand_off() {
-        for code in [C::UnknownMemberId, C::IllegalGeneration, C::RebalanceInProgress] {
-            assert!(no_longer_member(&Error::Kafka(KafkaError::ConsumerCommit(code))));
+        for code in [
+            C::UnknownMemberId,
+            C::IllegalGeneration,
+            C::RebalanceInProgress,
+        ] {
+            assert!(no_longer_member(&Error::Kafka(KafkaError::ConsumerCommit(
+                code
+            ))));
         }
         // Trouble that passes, or a refusal, is not a hand-off.
         for code in [C::CoordinatorNotAvailable, C::GroupAuthorizationFailed] {
-            assert!(!no_longer_member(&Error::Kafka(KafkaError::ConsumerCommit(code))));
+            assert!(!no_longer_member(&Error::Kafka(
+                KafkaError::ConsumerCommit(code)
+            )));
         }
         assert!(!no_longer_member(&Error::Config("x".into())));
     }

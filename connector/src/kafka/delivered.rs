@@ -18,6 +18,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::client::{self, QuietContext};
+use super::denied::{self, Refused};
 use super::record::headers::GS_REJECT_ID;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -28,6 +29,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// A read that receives nothing for this long fails (it ends at the
 /// offsets it found at its start, however many there are).
 const READ_STALL: Duration = Duration::from_secs(30);
+/// How long the start's probe of the READ permission listens at most.
+const PROBE_FOR: Duration = Duration::from_secs(10);
 /// Without transactions, after the ends it found, a read listens this long
 /// for more: tansu 0.6 can report a high watermark below the records it has
 /// acknowledged (the chaos `kills` phase saw a restart miss a crashed
@@ -56,6 +59,9 @@ pub(crate) struct Found {
 pub(crate) struct DeliveredReader {
     consumer: Arc<Mutex<BaseConsumer<QuietContext>>>,
     tail: Duration,
+    /// `sasl.username` and `group.id`, to name in a refusal.
+    username: Option<String>,
+    group: String,
 }
 
 impl DeliveredReader {
@@ -70,6 +76,9 @@ impl DeliveredReader {
             cc.set(k, v);
         }
         cc.set("enable.partition.eof", "true");
+        // A fetch at a partition's end answers (EOF) after this, not after
+        // librdkafka's 500 ms: the probes and the ends are read sooner.
+        cc.set("fetch.wait.max.ms", "50");
         // Without transactions, every record there is: an idempotent
         // producer's last batches must be seen (tansu 0.6's stable offset
         // can trail them). With them, only what was committed: an aborted
@@ -83,14 +92,20 @@ impl DeliveredReader {
         };
         cc.set("isolation.level", isolation);
         Ok(DeliveredReader {
-            consumer: Arc::new(Mutex::new(cc.create_with_context(QuietContext)?)),
+            consumer: Arc::new(Mutex::new(cc.create_with_context(QuietContext::default())?)),
             tail,
+            username: cc.get("sasl.username").map(str::to_string),
+            // librdkafka assigns only with a group: it never joins or
+            // commits, but asks for the group's coordinator.
+            group: cc.get("group.id").unwrap_or_default().to_string(),
         })
     }
 
     /// The reject ids on `topics` at or past `since` (a partition `since`
     /// does not name is not read: `Found::unbounded`), or with `since =
-    /// None` only the ends. A topic that does not exist holds nothing.
+    /// None` only the ends, and a probe that reading is allowed (a fetch
+    /// at each end). A topic that does not exist holds nothing. A refusal
+    /// is `Error::NotAuthorized` (`READ on topic …`).
     pub(crate) async fn read(
         &self,
         topics: Vec<String>,
@@ -98,17 +113,46 @@ impl DeliveredReader {
     ) -> Result<Found> {
         let consumer = self.consumer.clone();
         let tail = self.tail;
+        let (username, group) = (self.username.clone(), self.group.clone());
         tokio::task::spawn_blocking(move || {
             let c = consumer.lock().unwrap_or_else(|e| e.into_inner());
-            read_blocking(&c, &topics, since.as_ref(), tail)
+            let read = read_blocking(&c, &topics, since.as_ref(), tail);
+            // The credentials or the group refused: said by a poll
+            // (`fail`), or still in the queue; named here, where the user
+            // and the group are known.
+            let refused = |e: &Error| match e {
+                Error::NotAuthorized { code, .. } if code == Refused::Group.code() => {
+                    Some(Refused::Group)
+                }
+                Error::NotAuthorized { code, .. } if code == Refused::Credentials.code() => {
+                    Some(Refused::Credentials)
+                }
+                Error::NotAuthorized { .. } => None,
+                _ => client::queued_refusal(&c).filter(|r| *r == Refused::Credentials),
+            };
+            match read {
+                Err(e) => Err(match refused(&e) {
+                    Some(Refused::Group) => Refused::Group.needs(denied::read_group(&group)),
+                    Some(r) => r.needs(denied::credentials(username.as_deref())),
+                    None => e,
+                }),
+                read => read,
+            }
         })
         .await
         .map_err(|e| Error::Bug(format!("dead-letter read task: {e}")))?
     }
 }
 
-fn fail(what: String) -> impl FnOnce(KafkaError) -> Error {
-    move |e| Error::Broker(format!("kafka: cannot {what}: {e}"))
+/// A failed call of the read of `topic` (several: the ones assigned).
+/// The credentials or the group refused are named by `read`, which knows
+/// the user and the group.
+fn fail(what: String, topic: &str) -> impl FnOnce(KafkaError) -> Error + '_ {
+    move |e| match Refused::of(&e) {
+        Some(r @ Refused::Topic) => r.needs(denied::read_topic(topic)),
+        Some(r @ (Refused::Credentials | Refused::Group)) => r.needs(String::new()),
+        _ => Error::Broker(format!("kafka: cannot {what}: {e}")),
+    }
 }
 
 /// The read, on a blocking thread: the ends and starts of each topic's
@@ -127,7 +171,8 @@ fn read_blocking(
     for t in topics {
         plan_topic(c, t, since, &mut found, &mut tpl, &mut todo)?;
     }
-    if todo.is_empty() && since.is_none() {
+    if since.is_none() {
+        probe(c, &found)?;
         return Ok(found);
     }
     // Partitions already at their reported end are read too, for the tail.
@@ -135,11 +180,15 @@ fn read_blocking(
         assign_for_tail(&found, since, &todo, &mut tpl)?;
     }
     if tpl.count() == 0 {
+        // Nothing past `since`: still a fetch, so a missing READ shows at
+        // every delivery that relies on the read-back, not only at start.
+        probe(c, &found)?;
         return Ok(found);
     }
+    let names = topics.join(", ");
     c.assign(&tpl)
-        .map_err(fail("assign dead-letter partitions".into()))?;
-    let outcome = drain(c, found, todo, tail);
+        .map_err(fail("assign dead-letter partitions".into(), &names))?;
+    let outcome = drain(c, found, todo, tail, &names);
     let _ = c.unassign();
     outcome
 }
@@ -159,7 +208,7 @@ fn plan_topic(
 ) -> Result<()> {
     let md = c
         .fetch_metadata(Some(t), TIMEOUT)
-        .map_err(fail(format!("fetch metadata of dead-letter topic {t}")))?;
+        .map_err(fail(format!("fetch metadata of dead-letter topic {t}"), t))?;
     // A topic the reader's cluster does not know holds nothing it can
     // skip: said as unbounded (partition -1), so a delivery warns.
     let Some(mt) = md.topics().iter().find(|x| x.name() == t) else {
@@ -173,15 +222,16 @@ fn plan_topic(
             return Ok(());
         }
         Some(e) => {
-            return Err(Error::Broker(format!(
-                "kafka: dead-letter topic {t}: metadata error {e}"
-            )))
+            return Err(match Refused::of_code(e) {
+                Some(r @ Refused::Topic) => r.needs(denied::read_topic(t)),
+                _ => Error::Broker(format!("kafka: dead-letter topic {t}: metadata error {e}")),
+            })
         }
     }
     for p in mt.partitions() {
         let (low, high) = c
             .fetch_watermarks(t, p.id(), TIMEOUT)
-            .map_err(fail(format!("fetch watermarks of {t}/{}", p.id())))?;
+            .map_err(fail(format!("fetch watermarks of {t}/{}", p.id()), t))?;
         found
             .ends
             .entry(t.to_string())
@@ -202,7 +252,7 @@ fn plan_topic(
         };
         if from < high {
             tpl.add_partition_offset(t, p.id(), Offset::Offset(from))
-                .map_err(fail(format!("assign {t}/{}", p.id())))?;
+                .map_err(fail(format!("assign {t}/{}", p.id()), t))?;
             todo.insert((t.to_string(), p.id()), high);
         }
     }
@@ -223,7 +273,7 @@ fn assign_for_tail(
             {
                 let from = since[t][&p].min(high).max(0);
                 tpl.add_partition_offset(t, p, Offset::Offset(from))
-                    .map_err(fail(format!("assign {t}/{p}")))?;
+                    .map_err(fail(format!("assign {t}/{p}"), t))?;
             }
         }
     }
@@ -237,6 +287,7 @@ fn drain(
     mut found: Found,
     mut todo: Todo,
     tail: Duration,
+    names: &str,
 ) -> Result<Found> {
     let mut last_message = Instant::now();
     let mut tail_from: Option<Instant> = None;
@@ -273,9 +324,47 @@ fn drain(
                     }
                 }
             }
-            Some(Err(e)) => return Err(fail("read the dead-letter topics".into())(e)),
+            Some(Err(e)) => return Err(fail("read the dead-letter topics".into(), names)(e)),
         }
     }
+}
+
+/// Whether reading is allowed: a fetch at each partition's end, until
+/// each has answered (its end, or a record produced meanwhile) or
+/// `PROBE_FOR` has passed. Only a refusal fails it. The ends alone need
+/// no more than DESCRIBE, which WRITE gives too: without the probe a
+/// missing READ would not show while there is nothing to read back.
+fn probe(c: &BaseConsumer<QuietContext>, found: &Found) -> Result<()> {
+    let mut tpl = TopicPartitionList::new();
+    for (t, parts) in &found.ends {
+        for (&p, &high) in parts {
+            tpl.add_partition_offset(t, p, Offset::Offset(high))
+                .map_err(fail(format!("assign {t}/{p}"), t))?;
+        }
+    }
+    if tpl.count() == 0 {
+        return Ok(());
+    }
+    let names: Vec<&str> = found.ends.keys().map(String::as_str).collect();
+    let names = names.join(", ");
+    c.assign(&tpl)
+        .map_err(fail("assign dead-letter partitions".into(), &names))?;
+    let started = Instant::now();
+    let mut answered = 0;
+    let outcome = loop {
+        if answered >= tpl.count() || started.elapsed() > PROBE_FOR {
+            break Ok(());
+        }
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(_)) | Some(Err(KafkaError::PartitionEOF(_))) => answered += 1,
+            Some(Err(e)) if Refused::of(&e).is_some() => {
+                break Err(fail("read the dead-letter topics".into(), &names)(e))
+            }
+            Some(Err(_)) | None => {}
+        }
+    };
+    let _ = c.unassign();
+    outcome
 }
 
 /// One message read: its reject id, its partition done if it is the last

@@ -1,7 +1,9 @@
 //! All librdkafka plumbing, for the run loop and the CLI alike: client
 //! configs, the group consumer, the dead-letter producer, reject → record,
-//! topic creation and offset queries. It decides nothing about durability
-//! (`offsets`), rejects (`decode`, `validate`, `fold`) or the graph (`graph`).
+//! topic creation, offset queries, and what the cluster's refusals (an
+//! ACL, the credentials) are called (`denied`). It decides nothing about
+//! durability (`offsets`), rejects (`decode`, `validate`, `fold`) or the
+//! graph (`graph`).
 
 pub(crate) mod admin;
 pub(crate) mod client;
@@ -9,6 +11,7 @@ pub(crate) mod client_log;
 pub(crate) mod consumer;
 pub(crate) mod dead_letters;
 pub(crate) mod delivered;
+pub(crate) mod denied;
 pub(crate) mod produce;
 pub(crate) mod queries;
 pub(crate) mod record;

@@ -10,7 +10,7 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use super::client::{self, QuietContext};
 use super::record::{reject_record, Purpose};
-use super::{admin, blocking};
+use super::{admin, blocking, denied};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::rejects::Reject;
@@ -29,6 +29,13 @@ pub(crate) async fn ensure_topic(config: &Config, topic: &str, partitions: i32) 
         match o.outcome {
             admin::TopicCreation::Created => tracing::info!(topic, partitions, "created topic"),
             admin::TopicCreation::Exists => {}
+            admin::TopicCreation::Refused { refused, looked } => {
+                let needs = match looked {
+                    true => denied::write_topic(&o.topic),
+                    false => denied::create_topic(&o.topic),
+                };
+                return Err(refused.needs(needs));
+            }
             admin::TopicCreation::Failed(e) => {
                 return Err(Error::Broker(format!("create topic {}: {e}", o.topic)))
             }
@@ -93,7 +100,7 @@ pub(crate) async fn replay(config: &Config, topic: &str, rejects: &[Reject]) -> 
         .set("acks", "all")
         .set("enable.idempotence", "true")
         .set("message.timeout.ms", "30000")
-        .create_with_context(QuietContext)?;
+        .create_with_context(QuietContext::default())?;
     require_topic(&producer, client::servers(config), topic)?;
     let deliveries = queue_replays(&producer, topic, rejects).await?;
     await_replays(topic, deliveries).await

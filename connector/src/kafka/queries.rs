@@ -12,6 +12,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::client::{self, QuietContext};
+use super::denied::{self, Refused};
 use super::stall::GroupProgress;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -29,6 +30,8 @@ struct Inner {
     consumer: BaseConsumer<QuietContext>,
     servers: String,
     group: String,
+    /// `sasl.username`, to name in a refusal of the credentials.
+    username: Option<String>,
 }
 
 /// A partition's low and high watermarks (first retained offset, end offset).
@@ -43,6 +46,8 @@ pub(crate) struct Watermarks {
 pub struct MissingTopic {
     pub topic: String,
     pub error: String,
+    /// The broker refused to describe it (TOPIC_AUTHORIZATION_FAILED).
+    pub(crate) refused: bool,
 }
 
 /// The partitions of some topics, as the broker's metadata lists them.
@@ -53,15 +58,31 @@ pub(crate) struct TopicPartitions {
     pub missing: Vec<MissingTopic>,
 }
 
+impl TopicPartitions {
+    /// `NotAuthorized` naming the topics whose metadata was refused: a
+    /// caller that needs them all must not take them for missing.
+    pub(crate) fn refusal(&self) -> Option<Error> {
+        let refused: Vec<String> = self
+            .missing
+            .iter()
+            .filter(|m| m.refused)
+            .map(|m| m.topic.clone())
+            .collect();
+        (!refused.is_empty()).then(|| Refused::Topic.needs(denied::read_topics(&refused)))
+    }
+}
+
 impl OffsetQueries {
     /// A client of the config's cluster and group; it connects lazily.
     pub(crate) fn connect(config: &Config) -> Result<OffsetQueries> {
-        let consumer = client::consumer_config(config).create_with_context(QuietContext)?;
+        let consumer =
+            client::consumer_config(config).create_with_context(QuietContext::default())?;
         Ok(OffsetQueries {
             inner: Arc::new(Inner {
                 consumer,
                 servers: client::servers(config).to_string(),
                 group: config.kafka.get("group.id").cloned().unwrap_or_default(),
+                username: config.kafka.get("sasl.username").cloned(),
             }),
         })
     }
@@ -75,11 +96,11 @@ impl OffsetQueries {
         self.off_runtime(move |q| {
             let mut out = TopicPartitions::default();
             for t in topics {
-                let md = q
-                    .consumer
-                    .fetch_metadata(Some(&t), TIMEOUT)
-                    .map_err(|e| q.fail(format!("fetch metadata of {t}"), e))?;
+                let md = q.consumer.fetch_metadata(Some(&t), TIMEOUT).map_err(|e| {
+                    q.fail(format!("fetch metadata of {t}"), e, denied::read_topic(&t))
+                })?;
                 let found = md.topics().iter().find(|x| x.name() == t);
+                let mut refused = false;
                 let error = match found {
                     Some(mt) => match mt.error() {
                         None => {
@@ -90,11 +111,19 @@ impl OffsetQueries {
                                 .extend(ids.into_iter().map(|p| (t.clone(), p)));
                             continue;
                         }
-                        Some(e) => rdkafka::types::RDKafkaErrorCode::from(e).to_string(),
+                        Some(e) => {
+                            let code = rdkafka::types::RDKafkaErrorCode::from(e);
+                            refused = Refused::of_code(code) == Some(Refused::Topic);
+                            code.to_string()
+                        }
                     },
                     None => "not in the broker's metadata".to_string(),
                 };
-                out.missing.push(MissingTopic { topic: t, error });
+                out.missing.push(MissingTopic {
+                    topic: t,
+                    error,
+                    refused,
+                });
             }
             Ok(out)
         })
@@ -109,10 +138,13 @@ impl OffsetQueries {
         self.off_runtime(move |q| {
             let mut out = BTreeMap::new();
             for (t, p) in partitions {
-                let (low, high) = q
-                    .consumer
-                    .fetch_watermarks(&t, p, TIMEOUT)
-                    .map_err(|e| q.fail(format!("fetch watermarks of {t}/{p}"), e))?;
+                let (low, high) = q.consumer.fetch_watermarks(&t, p, TIMEOUT).map_err(|e| {
+                    q.fail(
+                        format!("fetch watermarks of {t}/{p}"),
+                        e,
+                        denied::read_topic(&t),
+                    )
+                })?;
                 out.insert((t, p), Watermarks { low, high });
             }
             Ok(out)
@@ -133,10 +165,19 @@ impl OffsetQueries {
             for (t, p) in &partitions {
                 tpl.add_partition(t, *p);
             }
-            let got = q
-                .consumer
-                .committed_offsets(tpl, TIMEOUT)
-                .map_err(|e| q.fail(format!("fetch committed offsets of group {}", q.group), e))?;
+            let got = q.consumer.committed_offsets(tpl, TIMEOUT).map_err(|e| {
+                let what = format!("fetch committed offsets of group {}", q.group);
+                q.fail(what, e, denied::read_group(&q.group))
+            })?;
+            // A partition of a topic the group may not read comes back
+            // with its own error, and no offset.
+            for e in got.elements() {
+                if let Err(k) = e.error() {
+                    if Refused::of(&k) == Some(Refused::Topic) {
+                        return Err(Refused::Topic.needs(denied::read_topic(e.topic())));
+                    }
+                }
+            }
             Ok(got
                 .elements()
                 .iter()
@@ -157,7 +198,11 @@ impl OffsetQueries {
         topics: Vec<String>,
         skip: &BTreeSet<TopicPartition>,
     ) -> Result<GroupProgress> {
-        let mut parts = self.partitions(topics).await?.partitions;
+        let found = self.partitions(topics).await?;
+        if let Some(e) = found.refusal() {
+            return Err(e);
+        }
+        let mut parts = found.partitions;
         parts.retain(|tp| !skip.contains(tp));
         let ends = self.watermarks(parts.clone()).await?;
         let committed = self.committed(parts).await?;
@@ -175,7 +220,10 @@ impl OffsetQueries {
             let list = q
                 .consumer
                 .fetch_group_list(Some(&q.group), TIMEOUT)
-                .map_err(|e| q.fail(format!("describe group {}", q.group), e))?;
+                .map_err(|e| {
+                    let what = format!("describe group {}", q.group);
+                    q.fail(what, e, denied::read_group(&q.group))
+                })?;
             let Some(g) = list.groups().iter().find(|g| g.name() == q.group) else {
                 return Ok(GroupMembers::default());
             };
@@ -277,8 +325,20 @@ pub(crate) fn consumer_assignment(bytes: &[u8]) -> Option<Vec<TopicPartition>> {
 }
 
 impl Inner {
-    fn fail(&self, what: String, e: KafkaError) -> Error {
-        Error::Broker(format!("kafka at {}: cannot {what}: {e}", self.servers))
+    /// A failed query: `NotAuthorized` if the cluster refused it (`needs`
+    /// names what it asked for) or refused the client's credentials.
+    fn fail(&self, what: String, e: KafkaError, needs: String) -> Error {
+        let credentials = || {
+            let seen = client::queued_refusal(&self.consumer);
+            seen.filter(|r| *r == Refused::Credentials)
+        };
+        match Refused::of(&e).or_else(credentials) {
+            Some(Refused::Credentials) => {
+                Refused::Credentials.needs(denied::credentials(self.username.as_deref()))
+            }
+            Some(r) => r.needs(needs),
+            None => Error::Broker(format!("kafka at {}: cannot {what}: {e}", self.servers)),
+        }
     }
 }
 
@@ -290,6 +350,9 @@ pub(crate) async fn partition_counts(config: &Config) -> Result<BTreeMap<String,
     let found = OffsetQueries::connect(config)?
         .partitions(topics.into_iter().collect())
         .await?;
+    if let Some(e) = found.refusal() {
+        return Err(e);
+    }
     if let Some(m) = found.missing.first() {
         return Err(Error::config(format!(
             "topic {} ({}): under wal.sharding = \"partition\" every mapped topic must exist \

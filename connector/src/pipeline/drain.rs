@@ -50,14 +50,20 @@ impl RunLoop<'_> {
                 self.on_revoked(tps);
             }
         }
-        let committed = failpoints::hit(failpoints::DRAIN_BEFORE_COMMIT)
-            .and_then(|()| self.final_commit(&kafka))
-            .and_then(|()| failpoints::hit(failpoints::DRAIN_BEFORE_FOLD));
+        let committed = match failpoints::hit(failpoints::DRAIN_BEFORE_COMMIT) {
+            Ok(()) => self.final_commit(&kafka).await,
+            Err(e) => Err(e),
+        }
+        .and_then(|()| failpoints::hit(failpoints::DRAIN_BEFORE_FOLD));
         if let Some(e) = committed.err().or(failed) {
             return Err(stop_after_failure(kafka, fold, e).await);
         }
         fold.stop();
-        if let Err(e) = self.serve_final_fold(&mut fold).await {
+        // A refusal the dead-letter clients met in the background (the
+        // start's probes) that nothing in the run met again: a clean end
+        // would hide a permission the next reject needs.
+        let final_fold = self.serve_final_fold(&mut fold).await;
+        if let Some(e) = final_fold.err().or_else(|| self.dead_letters.refused()) {
             return Err(stop_after_failure(kafka, fold, e).await);
         }
         let summary = RunSummary {
@@ -78,8 +84,8 @@ impl RunLoop<'_> {
     /// refuses it: the partitions are another member's now, and it reads
     /// them from the group's offsets again (idempotent by id). That is a
     /// hand-off, not a failure: the stop goes on to its final fold.
-    fn final_commit(&mut self, kafka: &GroupConsumer) -> Result<()> {
-        match self.commit(kafka, CommitMode::Sync) {
+    async fn final_commit(&mut self, kafka: &GroupConsumer) -> Result<()> {
+        match self.commit(kafka, CommitMode::Sync).await {
             Err(e) if consumer::no_longer_member(&e) => {
                 tracing::warn!(error = %e, "the group no longer counts this member: nothing more committed; the partitions' next owner re-reads (idempotent)");
                 Ok(())

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::{Config, Sharding};
+use crate::error::{Error, ErrorKind, Result};
 use crate::graph::Graph;
 use crate::kafka::consumer;
 use crate::kafka::OffsetQueries;
@@ -83,42 +84,43 @@ impl EndWatch {
 
 impl EndWatch {
     /// Whether the run is at its end. Errors of a look (a broker that does
-    /// not answer) are said and waited out, never fatal.
-    pub(super) async fn at_end(&mut self, look: Look<'_>) -> bool {
+    /// not answer) are said and waited out, never fatal, but for a refusal
+    /// (`Error::NotAuthorized`), which no wait cures.
+    pub(super) async fn at_end(&mut self, look: Look<'_>) -> Result<bool> {
         let now = Instant::now();
         let holding = !look.assigned.is_empty();
         if holding && self.last_poll.elapsed() < look.config.offsets.exit_at_end_quiet {
             // Quiet too, if asked: a broker whose high watermark reads low
             // while producers batch (tansu 0.6).
-            return false;
+            return Ok(false);
         }
         // A member that holds nothing may not have been assigned yet: it
         // gives the group a stall bound first (docs/decisions/0002).
         if look.held_nothing_for.is_some_and(|w| w < look.stall_bound) {
-            return false;
+            return Ok(false);
         }
         if self.looked.is_some_and(|t| now - t < LOOK_EVERY) {
-            return false;
+            return Ok(false);
         }
         self.looked = Some(now);
-        if let Some(why) = self.short_of_end(&look).await {
+        if let Some(why) = self.short_of_end(&look).await? {
             self.say_waiting(why, holding);
-            return false;
+            return Ok(false);
         }
         if let Some(why) = graph_waits_for(&look).await {
             self.say_waiting(why, holding);
-            return false;
+            return Ok(false);
         }
-        true
+        Ok(true)
     }
 
     /// Why some mapped partition has not reached its end, if one has not:
     /// neither durable here nor committed by the group up to its target.
-    async fn short_of_end(&mut self, look: &Look<'_>) -> Option<String> {
+    async fn short_of_end(&mut self, look: &Look<'_>) -> Result<Option<String>> {
         if self.targets.is_none() {
             match end_targets(look).await {
                 Ok(t) => self.targets = Some(t),
-                Err(e) => return Some(format!("cannot read the end offsets: {e}")),
+                Err(e) => return refused_or(e, "cannot read the end offsets"),
             }
         }
         let targets = self.targets.as_ref().expect("set above");
@@ -132,32 +134,32 @@ impl EndWatch {
             .collect();
         self.elsewhere.clear();
         if short.is_empty() {
-            return None;
+            return Ok(None);
         }
         // A partition this run has nothing newer of may be committed to
         // its end already, by this run's earlier commits or another member.
         let committed = match look.queries.committed(short.clone()).await {
             Ok(c) => c,
-            Err(e) => return Some(format!("cannot read the group's committed offsets: {e}")),
+            Err(e) => return refused_or(e, "cannot read the group's committed offsets"),
         };
         let left: Vec<TopicPartition> = short
             .into_iter()
             .filter(|tp| committed.get(tp).is_none_or(|&c| c < targets[tp]))
             .collect();
         if left.is_empty() {
-            return None;
+            return Ok(None);
         }
         let (mine, elsewhere): (Vec<_>, Vec<_>) =
             left.into_iter().partition(|tp| look.assigned.contains(tp));
         if !mine.is_empty() {
             // Still reading its own: nothing to say, nothing to judge yet.
-            return Some(String::new());
+            return Ok(Some(String::new()));
         }
         self.elsewhere = elsewhere
             .iter()
             .map(|tp| (tp.clone(), committed.get(tp).copied()))
             .collect();
-        Some(waiting_for(&self.elsewhere, targets))
+        Ok(Some(waiting_for(&self.elsewhere, targets)))
     }
 
     /// Why the run does not end yet: once, then every 30 s, so it never
@@ -177,14 +179,28 @@ impl EndWatch {
     }
 }
 
+/// A look's failure: a refusal stops the run; anything else is a reason
+/// to wait, said.
+fn refused_or(e: Error, what: &str) -> Result<Option<String>> {
+    match e.kind() {
+        ErrorKind::NotAuthorized => Err(e),
+        _ => Ok(Some(format!("{what}: {e}"))),
+    }
+}
+
 /// The end offset of every partition of every mapped topic. A mapped
-/// topic the broker does not know has nothing to wait for.
-async fn end_targets(look: &Look<'_>) -> crate::error::Result<BTreeMap<TopicPartition, i64>> {
+/// topic the broker does not know has nothing to wait for; one it refuses
+/// to describe is a refusal.
+async fn end_targets(look: &Look<'_>) -> Result<BTreeMap<TopicPartition, i64>> {
     let topics = consumer::mapped_topics(look.config)
         .into_iter()
         .map(String::from)
         .collect();
-    let parts = look.queries.partitions(topics).await?.partitions;
+    let found = look.queries.partitions(topics).await?;
+    if let Some(e) = found.refusal() {
+        return Err(e);
+    }
+    let parts = found.partitions;
     let ends = look.queries.watermarks(parts).await?;
     // A partition with nothing to read (empty, or every record deleted by
     // retention) has no end to reach: no record will ever be durable or

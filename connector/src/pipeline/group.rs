@@ -5,7 +5,8 @@
 
 use super::run_loop::RunLoop;
 use crate::error::{Error, Result};
-use crate::kafka::consumer::GroupEvent;
+use crate::kafka::consumer::{self, GroupEvent};
+use crate::kafka::denied::{self, Refused};
 use crate::offsets::TopicPartition;
 
 impl RunLoop<'_> {
@@ -13,6 +14,14 @@ impl RunLoop<'_> {
         match ev {
             GroupEvent::Assigned(tps) => self.on_assigned(tps).await?,
             GroupEvent::Revoked(tps) => self.on_revoked(tps),
+            GroupEvent::Refused { refused, topics } => {
+                return Err(match refused {
+                    Refused::Topic if !topics.is_empty() => {
+                        refused.needs(denied::read_topics(&topics))
+                    }
+                    _ => self.refused(refused).await,
+                })
+            }
         }
         self.stall
             .holds(!self.assigned.is_empty(), tokio::time::Instant::now());
@@ -52,6 +61,11 @@ impl RunLoop<'_> {
         for tp in &tps {
             self.assigned.remove(tp);
         }
+    }
+
+    /// What a refusal of the group consumer comes to (`kafka::denied`).
+    pub(super) async fn refused(&mut self, refused: Refused) -> Error {
+        consumer::refusal(refused, self.config, &self.queries, &self.assigned).await
     }
 
     /// Writes a fencing failed: fatal (the session restarts) unless each

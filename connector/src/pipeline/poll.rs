@@ -16,6 +16,7 @@ use crate::decode::{Decoded, SourceRecord};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoints;
 use crate::kafka::consumer::{GroupConsumer, GroupStream};
+use crate::kafka::denied::Refused;
 use crate::metrics::{Metrics, PollReport};
 use crate::offsets::{PollAck, PollSpans};
 use crate::rejects::{self, Reject};
@@ -39,7 +40,11 @@ impl RunLoop<'_> {
         first: BorrowedMessage<'c>,
         taken: Instant,
     ) -> Result<AckFuture> {
-        let msgs = take_poll(stream, first, self.config.wal.max_poll_records);
+        let msgs = match take_poll(stream, first, self.config.wal.max_poll_records) {
+            Ok(msgs) => msgs,
+            // Nothing of the poll is acked: read again after the grant.
+            Err(r) => return Err(self.refused(r).await),
+        };
         // Records whose schema is not known yet hold their partitions.
         let msgs = self.schemas.ready(kafka, &self.decoders, msgs)?;
         let take = taken.elapsed();
@@ -183,17 +188,21 @@ impl RunLoop<'_> {
 }
 
 /// Takes whatever the consumer already holds after `first`, up to `limit`
-/// records in all, without waiting for more.
+/// records in all, without waiting for more; a refusal among them stops
+/// the session.
 fn take_poll<'c>(
     stream: &mut GroupStream<'c>,
     first: BorrowedMessage<'c>,
     limit: usize,
-) -> Vec<BorrowedMessage<'c>> {
+) -> std::result::Result<Vec<BorrowedMessage<'c>>, Refused> {
     let mut msgs = vec![first];
     while msgs.len() < limit {
         match stream.next().now_or_never() {
             Some(Some(Ok(m))) => msgs.push(m),
             Some(Some(Err(e))) => {
+                if let Some(r) = Refused::of(&e) {
+                    return Err(r);
+                }
                 tracing::warn!(error = %e, "consumer error inside a poll");
                 break;
             }
@@ -201,7 +210,7 @@ fn take_poll<'c>(
             Some(None) | None => break,
         }
     }
-    msgs
+    Ok(msgs)
 }
 
 /// A poll's records by topic, the offsets it spans, and its value bytes;

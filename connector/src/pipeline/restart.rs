@@ -136,6 +136,13 @@ mod tests {
         }
     }
 
+    fn not_authorized() -> Error {
+        Error::NotAuthorized {
+            needs: "READ on group g".into(),
+            code: "GROUP_AUTHORIZATION_FAILED".into(),
+        }
+    }
+
     fn race() -> Error {
         Error::CommitConflict {
             expected: "a".into(),
@@ -163,6 +170,9 @@ mod tests {
             (Sharding::Partition, race(), Some(CommitRace)),
             (Sharding::Partition, Error::config("bad"), None),
             (Sharding::Partition, Error::Bug("no rows".into()), None),
+            // A refused permission needs an operator: no session cures it.
+            (Sharding::Partition, not_authorized(), None),
+            (Sharding::Bucket, not_authorized(), None),
         ] {
             assert_eq!(restart_for(&e, sharding), want, "{e} under {sharding:?}");
         }

@@ -26,6 +26,7 @@ use crate::error::Result;
 use crate::failpoints;
 use crate::fold::{CutRequest, FoldTask, FromFold};
 use crate::kafka::consumer::{self, GroupConsumer, GroupEvent};
+use crate::kafka::denied::{self, Refused};
 use crate::kafka::stall::{self, StallWatch};
 use crate::kafka::{DeadLetters, OffsetQueries};
 use crate::metrics::Metrics;
@@ -172,19 +173,29 @@ impl<'a> RunLoop<'a> {
                         }
                     }
                     Err(e) => {
+                        // A refusal is no passing trouble: librdkafka would
+                        // retry it for ever (issue 55).
+                        if let Some(r) = Refused::of(&e) {
+                            return Err(self.refused(r).await);
+                        }
                         tracing::warn!(error = %e, "consumer error; librdkafka retries");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 },
                 _ = commit_tick.tick() => {
-                    self.commit(kafka, CommitMode::Async)?;
+                    self.commit(kafka, CommitMode::Async).await?;
+                    // The dead-letter producers' refusals that no delivery
+                    // has met yet (their clients' own requests).
+                    if let Some(e) = self.dead_letters.refused() {
+                        return Err(e);
+                    }
                     sample_writers(&self.pool, &self.metrics).await;
                 }
                 _ = stall_check.tick(), if self.assigned.is_empty() || self.end.waits_elsewhere().is_some() => {
                     self.watch_stall(kafka).await?
                 }
                 _ = end_check.tick(), if self.exit_at_end => {
-                    if self.at_end().await {
+                    if self.at_end().await? {
                         tracing::info!(
                             event = "exit_at_end",
                             "every mapped partition is durable here or committed by the group up to its end offset, and the graph holds what is durable"
@@ -211,8 +222,9 @@ impl<'a> RunLoop<'a> {
 
     /// Commits every durable watermark of the assigned partitions that
     /// moved past what the broker confirmed. A sync commit is confirmed
-    /// here; an async one by the consumer's commit callback.
-    pub(super) fn commit(&mut self, kafka: &GroupConsumer, mode: CommitMode) -> Result<()> {
+    /// here; an async one by the consumer's commit callback. A refused
+    /// commit stops the session (`kafka::denied`).
+    pub(super) async fn commit(&mut self, kafka: &GroupConsumer, mode: CommitMode) -> Result<()> {
         let todo = self.offsets.to_commit(&self.assigned);
         if todo.is_empty() {
             return Ok(());
@@ -226,11 +238,14 @@ impl<'a> RunLoop<'a> {
                 }
                 failpoints::hit(failpoints::COMMIT_AFTER)
             }
-            Err(e) if matches!(mode, CommitMode::Async) => {
-                tracing::warn!(error = %e, "async commit failed; retrying next tick");
-                Ok(())
-            }
-            Err(e) => Err(e),
+            Err(e) => match denied::refusal_in(&e) {
+                Some(r) => Err(self.refused(r).await),
+                None if matches!(mode, CommitMode::Async) => {
+                    tracing::warn!(error = %e, "async commit failed; retrying next tick");
+                    Ok(())
+                }
+                None => Err(e),
+            },
         }
     }
 
@@ -246,7 +261,7 @@ impl<'a> RunLoop<'a> {
     }
 
     /// `--exit-at-end`: one look of the end watch (`end.rs`).
-    async fn at_end(&mut self) -> bool {
+    async fn at_end(&mut self) -> Result<bool> {
         let now = tokio::time::Instant::now();
         let look = Look {
             config: self.config,

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 
 use super::run_loop::RunLoop;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::kafka::consumer::{self, GroupConsumer};
 use crate::kafka::stall::{StallWatch, Verdict};
 
@@ -35,6 +35,8 @@ impl RunLoop<'_> {
         let held: BTreeSet<_> = self.assigned.iter().cloned().collect();
         let seen = match self.queries.progress(topics, &held).await {
             Ok(seen) => seen,
+            // A permission refused is no outage: the run stops saying so.
+            Err(e) if e.kind() == ErrorKind::NotAuthorized => return Err(e),
             Err(e) => {
                 // A broker that cannot answer is not a stuck group; librdkafka
                 // reports the outage itself.

@@ -10,6 +10,17 @@
 //! belongs to the graph's folding role, so a new folder's `InitProducerId`
 //! fences the old one and aborts its open transaction; then what the topic
 //! holds (`delivered`) is read back and skipped (docs/dead-letters.md).
+//! That producer is `transactional.rs`'s.
+//!
+//! A refusal (an ACL, the credentials: `denied`) is no unavailability: a
+//! delivery that meets one stops with `Error::NotAuthorized`, and so does
+//! the start; what the clients meet in the background waits in
+//! `DeadLetters::refused` for the run loop.
+
+mod delivery;
+mod transactional;
+
+pub(crate) use transactional::fold_transactional_id;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, Producer};
 use tokio_util::sync::CancellationToken;
 
@@ -25,43 +36,21 @@ use super::admin::{self, TopicCreation};
 use super::client;
 use super::client_log::ClientLog;
 use super::delivered::DeliveredReader;
+use super::denied::{self, Refused, SeenRefusal};
 use super::record::{reject_record, Purpose};
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::metrics::Metrics;
 use crate::rejects::Reject;
 use crate::types::{raise_offsets, PartitionOffsets};
+use delivery::Delivery;
+use transactional::FoldMode;
 
 /// librdkafka's default `message.max.bytes`.
 const LIBRDKAFKA_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 /// How long one produce may wait for room in librdkafka's queue.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long one transaction call (init, commit, abort) may take.
-const TXN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The fold-reject producer's `transactional.id` for a graph: one per
-/// graph, so each new folder fences the one before it. Derived from the
-/// root, which names the graph, in one spelling (`canonical_root`): two
-/// members that spell it differently must still fence each other.
-pub(crate) fn fold_transactional_id(graph_root: &str) -> String {
-    let root = crate::config::canonical_root(graph_root);
-    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, root.as_bytes());
-    format!("graphsink-fold-{id}")
-}
-
-/// How fold rejects reach the topic once.
-enum FoldMode {
-    /// Transactions are wanted; the producer is made and initialised at the
-    /// first fold delivery (or when this process becomes the folder).
-    Uninitialised,
-    /// An initialised transactional producer: it fenced every older folder.
-    Transactional(FutureProducer<ClientLog>),
-    /// The read-back rule alone: `errors.dead_letter_transactions = false`,
-    /// or a broker that refused transactions (said once).
-    ReadBack,
-}
 
 #[derive(Clone)]
 pub(crate) struct DeadLetters {
@@ -92,53 +81,11 @@ pub(crate) struct DeadLetters {
     /// Its client config: the dead-letter producer's, with the
     /// `transactional.id`.
     fold_client: rdkafka::ClientConfig,
-}
-
-/// One delivery as the metrics see it: rejects still pending, and whether
-/// it is retrying. Dropping it (done, failed or cancelled) settles both.
-struct Delivery<'a> {
-    metrics: &'a Metrics,
-    pending: usize,
-    retrying: bool,
-}
-
-impl<'a> Delivery<'a> {
-    fn new(metrics: &'a Metrics, n: usize) -> Self {
-        metrics.dead_letters_queued(n);
-        Delivery {
-            metrics,
-            pending: n,
-            retrying: false,
-        }
-    }
-
-    /// Rejects found on the topic already: not produced again.
-    fn skipped(&mut self, n: usize) {
-        self.metrics.dead_letters_skipped(n);
-        self.pending -= n;
-    }
-
-    /// One round of produces; `attempted = false`: the round could not
-    /// start (the topics could not be read), and failed all the same.
-    fn round(&mut self, ok: usize, failed: usize, attempted: bool) {
-        if attempted {
-            self.metrics.dead_letters_sent(ok, failed);
-        }
-        self.pending -= ok;
-        if failed > 0 && !self.retrying {
-            self.retrying = true;
-            self.metrics.dead_letters_retrying(true);
-        }
-    }
-}
-
-impl Drop for Delivery<'_> {
-    fn drop(&mut self) {
-        self.metrics.dead_letters_abandoned(self.pending);
-        if self.retrying {
-            self.metrics.dead_letters_retrying(false);
-        }
-    }
+    /// A refusal met in the background (the start's read of the topics,
+    /// the fold-reject producer's init), for the run loop (`refused`).
+    refusal: Arc<Mutex<Option<Error>>>,
+    /// What both producers' contexts saw refused (their credentials).
+    clients_saw: Arc<SeenRefusal>,
 }
 
 /// What a delivery has read of its topics: the offsets to read on from and
@@ -153,6 +100,14 @@ struct Held {
 struct Failed<'a> {
     reject: &'a Reject,
     error: String,
+    /// The cluster refused it (or its producer).
+    refused: Option<Refused>,
+}
+
+/// Why one produce failed.
+struct SendError {
+    error: String,
+    refused: Option<Refused>,
 }
 
 impl DeadLetters {
@@ -171,7 +126,9 @@ impl DeadLetters {
             .map(str::to_string)
             .unwrap_or_else(|| fold_transactional_id(graph_root));
         cc.remove("transactional.id");
-        let producer: FutureProducer<ClientLog> = cc.create_with_context(ClientLog::default())?;
+        let clients_saw = Arc::<SeenRefusal>::default();
+        let producer: FutureProducer<ClientLog> =
+            cc.create_with_context(ClientLog::noting(clients_saw.clone()))?;
         let mut fold_client = cc.clone();
         fold_client.set("transactional.id", &txn_id);
         let fold = if config.errors.dead_letter_transactions {
@@ -203,25 +160,102 @@ impl DeadLetters {
             seen: Arc::default(),
             fold: Arc::new(tokio::sync::Mutex::new(fold)),
             fold_client,
+            refusal: Arc::default(),
+            clients_saw,
         };
-        dl.create_topics().await;
+        dl.create_topics().await?;
         // Best effort, in the background (a dead-letter cluster that is down
         // must not hold the start): the first fold's lower bound (`seen`).
         // Without it the first commits' fold rejects go out at least once.
+        // The read also probes that READ is granted.
         let bg = dl.clone();
         tokio::spawn(async move {
             match bg.reader.read(bg.topics(), None).await {
                 Ok(found) => bg.saw(&found.ends),
+                Err(e) if e.kind() == ErrorKind::NotAuthorized => bg.refused_meanwhile(e),
                 Err(e) => tracing::debug!(error = %e, "dead-letter ends unknown at start"),
             }
         });
         Ok(dl)
     }
 
-    /// Every dead-letter topic, sorted.
+    /// A refusal the producers or the background reads met that no
+    /// delivery has returned yet: the run loop asks between polls. The
+    /// idempotent producer's init, refused, is fatal to it (librdkafka):
+    /// every later produce would fail.
+    pub(crate) fn refused(&self) -> Option<Error> {
+        if let Some(e) = self
+            .refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            return Some(e);
+        }
+        let r = self.producer_refusal(&self.producer, None)?;
+        Some(self.denied(r, &self.topics().join(", "), false))
+    }
+
+    fn refused_meanwhile(&self, e: Error) {
+        let mut slot = self.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert(e);
+    }
+
+    /// The `NotAuthorized` a refusal of producing to `topic` comes to
+    /// (`transactional`: by the fold-reject producer).
+    fn denied(&self, r: Refused, topic: &str, transactional: bool) -> Error {
+        let needs = match r {
+            Refused::Topic => denied::write_topic(topic),
+            // The idempotent producer's InitProducerId: WRITE on any topic
+            // allows it (KIP-679), as IDEMPOTENT_WRITE on the cluster does.
+            Refused::Cluster if !transactional => {
+                format!(
+                    "{} (or IDEMPOTENT_WRITE on cluster)",
+                    denied::write_topic(topic)
+                )
+            }
+            Refused::Cluster => "IDEMPOTENT_WRITE on cluster".into(),
+            Refused::TransactionalId => denied::write_transactional_id(self.transactional_id()),
+            Refused::Credentials => denied::credentials(self.client.get("sasl.username")),
+            Refused::Group => format!("a permission the dead-letter producer asked for ({topic})"),
+        };
+        r.needs(needs)
+    }
+
+    /// The refusal behind a producer's failure: the error's own code, the
+    /// producer's fatal error (its init refused: librdkafka makes that
+    /// fatal), or a refusal of the credentials (reported only to the
+    /// producers' contexts).
+    fn producer_refusal(
+        &self,
+        producer: &FutureProducer<ClientLog>,
+        e: Option<&KafkaError>,
+    ) -> Option<Refused> {
+        let fatal = || {
+            let (code, _) = producer.client().fatal_error()?;
+            Refused::of_code(code)
+        };
+        let credentials = || {
+            self.clients_saw
+                .get()
+                .filter(|r| *r == Refused::Credentials)
+        };
+        e.and_then(Refused::of).or_else(fatal).or_else(credentials)
+    }
+
+    /// The fold-reject producer's `transactional.id`.
+    fn transactional_id(&self) -> &str {
+        self.fold_client.get("transactional.id").unwrap_or_default()
+    }
+
+    /// Every dead-letter topic a mapping uses, sorted: `errors.dead_letter_topic`
+    /// only if a mapping sets none of its own (it is looked up, created and
+    /// read at start, so an unused one would need ACLs for nothing).
     fn topics(&self) -> Vec<String> {
         let mut names: Vec<String> = self.by_topic.values().cloned().collect();
-        names.push(self.default_topic.clone());
+        if names.is_empty() {
+            names.push(self.default_topic.clone());
+        }
         names.sort();
         names.dedup();
         names
@@ -249,16 +283,26 @@ impl DeadLetters {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Best effort: a broker that auto-creates topics, or an operator who
-    /// created them, needs none of this; a failure shows at produce time.
-    async fn create_topics(&self) {
+    /// Looks the dead-letter topics up and creates the missing ones (an
+    /// operator may have made them; a broker that auto-creates topics
+    /// needs none of this). A refusal is an error: a topic graphsink may
+    /// neither see nor create would hold every reject's offset for ever,
+    /// so the start stops and says what to grant. Anything else is said
+    /// and tried again at the first failed delivery.
+    async fn create_topics(&self) -> Result<()> {
         let topics = self.topics();
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
         let outcomes = match admin::create_topics(&self.client, &names, 1).await {
             Ok(o) => o,
+            Err(e) if e.kind() == ErrorKind::NotAuthorized => return Err(e),
+            // A wrong password shows as a lookup that timed out; the
+            // producer's context heard why.
+            Err(_) if self.clients_saw.get() == Some(Refused::Credentials) => {
+                return Err(self.denied(Refused::Credentials, "", false))
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot create dead-letter topics");
-                return;
+                tracing::warn!(error = %e, "cannot look up or create the dead-letter topics; tried again at the first failed delivery");
+                return Ok(());
             }
         };
         let mut ready = true;
@@ -267,6 +311,14 @@ impl DeadLetters {
             match o.outcome {
                 TopicCreation::Created => tracing::info!(topic = %t, "created dead-letter topic"),
                 TopicCreation::Exists => tracing::debug!(topic = %t, "dead-letter topic exists"),
+                // DESCRIBE refused: neither READ nor WRITE is granted.
+                TopicCreation::Refused {
+                    refused,
+                    looked: true,
+                } => return Err(refused.needs(format!("READ and WRITE on topic {t}"))),
+                TopicCreation::Refused { refused, .. } => {
+                    return Err(refused.needs(denied::create_topic(t)))
+                }
                 TopicCreation::Failed(e) => {
                     ready = false;
                     tracing::warn!(topic = %t, error = %e, "cannot create dead-letter topic")
@@ -274,6 +326,7 @@ impl DeadLetters {
             }
         }
         self.topics_ready.store(ready, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The dead-letter topic of a reject.
@@ -340,11 +393,13 @@ impl DeadLetters {
                 }
             };
             let (failed, attempted) = match skipped {
+                Err(e) if e.kind() == ErrorKind::NotAuthorized => return Err(e),
                 Err(e) => {
                     let error = format!("cannot read what the topic holds: {e}");
                     let failed = todo.iter().map(|&reject| Failed {
                         reject,
                         error: error.clone(),
+                        refused: None,
                     });
                     (failed.collect(), false)
                 }
@@ -366,6 +421,10 @@ impl DeadLetters {
             let Some(f) = failed.first() else {
                 return Ok(());
             };
+            if let Some(f) = failed.iter().find(|f| f.refused.is_some()) {
+                let refused = f.refused.expect("found above");
+                return Err(self.denied(refused, self.topic_for(f.reject), false));
+            }
             tracing::warn!(
                 topic = %self.topic_for(f.reject), failed = failed.len(), of = todo.len(),
                 reject_id = %f.reject.reject_id, error = %f.error,
@@ -380,7 +439,7 @@ impl DeadLetters {
                     ),
                 });
             }
-            self.back_off(&mut delay, stop).await;
+            self.back_off(&mut delay, stop).await?;
             todo = failed.into_iter().map(|f| f.reject).collect();
         }
         Ok(())
@@ -404,105 +463,20 @@ impl DeadLetters {
             _ = stop.cancelled() => todo.iter().map(|&reject| Failed {
                 reject,
                 error: "stopped while producing".to_string(),
+                refused: None,
             }).collect(),
-        }
-    }
-
-    /// Fold rejects, exactly once: each round inits the transactional
-    /// producer if it is not (fencing older folders, aborting their open
-    /// transaction), reads back what the topics hold committed at or past
-    /// `since` and skips it, then produces the rest in one transaction. A
-    /// failed round aborts (an unclear commit re-inits, which settles it)
-    /// and is retried with backoff; a fenced producer stops: another
-    /// process folds now.
-    async fn deliver_in_transactions(
-        &self,
-        fold: &mut FoldMode,
-        rejects: &[Reject],
-        since: &PartitionOffsets,
-        stop: &CancellationToken,
-    ) -> Result<()> {
-        let mut todo: Vec<&Reject> = rejects.iter().collect();
-        let mut delivery = Delivery::new(&self.metrics, todo.len());
-        let mut delay = Duration::from_millis(100);
-        let mut held = Held {
-            from: since.clone(),
-            ids: HashSet::new(),
-            warned: false,
-        };
-        loop {
-            let failure = match self.transactional(fold).await {
-                Ok(None) => {
-                    // The broker refused transactions: read-back from here on.
-                    drop(delivery);
-                    return self.deliver_read_back(rejects, Some(since), stop).await;
-                }
-                Err(e) => {
-                    delivery.round(0, todo.len(), false);
-                    format!("cannot start the transactional producer: {e}")
-                }
-                Ok(Some(producer)) => match self.skip_delivered(&mut todo, Some(&mut held)).await {
-                    Err(e) => {
-                        delivery.round(0, todo.len(), false);
-                        format!("cannot read what the topic holds: {e}")
-                    }
-                    Ok(skipped) => {
-                        delivery.skipped(skipped);
-                        if todo.is_empty() {
-                            return Ok(());
-                        }
-                        crate::failpoints::hit(
-                            crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_PRODUCE,
-                        )?;
-                        match self.transaction(&producer, &todo).await {
-                            Ok(()) => {
-                                delivery.round(todo.len(), 0, true);
-                                return Ok(());
-                            }
-                            Err(f) => {
-                                delivery.round(0, todo.len(), true);
-                                if f.fenced {
-                                    *fold = FoldMode::Uninitialised;
-                                    return Err(Error::ProducerFenced {
-                                        transactional_id: self
-                                            .fold_client
-                                            .get("transactional.id")
-                                            .unwrap_or_default()
-                                            .to_string(),
-                                        reason: f.error,
-                                    });
-                                }
-                                if f.reinit {
-                                    *fold = FoldMode::Uninitialised;
-                                }
-                                f.error
-                            }
-                        }
-                    }
-                },
-            };
-            tracing::warn!(
-                topic = %self.topic_for(todo[0]), rejects = todo.len(), error = %failure,
-                "fold-reject transaction failed; retrying (the commit's delivery mark waits)"
-            );
-            if stop.is_cancelled() {
-                return Err(Error::DeadLetter {
-                    topic: self.topic_for(todo[0]).to_string(),
-                    reason: format!("stopped before delivering fold rejects: {failure}"),
-                });
-            }
-            self.back_off(&mut delay, stop).await;
         }
     }
 
     /// Between two failed rounds: creates the topics if they were missing
     /// (the broker may have been down at start), then waits `delay`
-    /// (doubling it, up to 5 s), or less if `stop` is cancelled.
-    async fn back_off(&self, delay: &mut Duration, stop: &CancellationToken) {
+    /// (doubling it, up to 5 s), or less if `stop` is cancelled. Fails only
+    /// with a refusal.
+    async fn back_off(&self, delay: &mut Duration, stop: &CancellationToken) -> Result<()> {
         if !self.topics_ready.load(Ordering::Relaxed) {
             tokio::select! {
                 _ = stop.cancelled() => {}
-                _ = self.create_topics() => {}
+                created = self.create_topics() => created?,
             }
         }
         tokio::select! {
@@ -510,102 +484,7 @@ impl DeadLetters {
             _ = tokio::time::sleep(*delay) => {}
         }
         *delay = (*delay * 2).min(Duration::from_secs(5));
-    }
-
-    /// When this process becomes the graph's folder: init the fold-reject
-    /// producer now, so an older folder's open transaction is aborted (and
-    /// the older folder fenced) before anything is re-delivered, instead of
-    /// at the first fold with rejects. Errors are retried by that fold.
-    /// In the background: a dead-letter cluster that is down must not hold
-    /// the start (a delivery waits for it on the same lock).
-    pub(crate) fn fence_older_folders(&self) {
-        let me = self.clone();
-        tokio::spawn(async move {
-            let mut fold = me.fold.lock().await;
-            if let Err(e) = me.transactional(&mut fold).await {
-                tracing::warn!(error = %e, "cannot init the fold-reject producer yet; the first fold delivery retries");
-            }
-        });
-    }
-
-    /// The initialised transactional producer; `None` once the broker
-    /// refused transactions (the read-back rule from then on, said once).
-    async fn transactional(
-        &self,
-        fold: &mut FoldMode,
-    ) -> std::result::Result<Option<FutureProducer<ClientLog>>, String> {
-        let cc = match fold {
-            FoldMode::Transactional(p) => return Ok(Some(p.clone())),
-            FoldMode::ReadBack => return Ok(None),
-            FoldMode::Uninitialised => &self.fold_client,
-        };
-        let id = cc.get("transactional.id").unwrap_or_default().to_string();
-        let producer: FutureProducer<ClientLog> = cc
-            .create_with_context(ClientLog::default())
-            .map_err(|e| e.to_string())?;
-        let p = producer.clone();
-        let init = tokio::task::spawn_blocking(move || p.init_transactions(TXN_TIMEOUT))
-            .await
-            .map_err(|e| format!("init task: {e}"))?;
-        match init {
-            Ok(()) => {
-                tracing::info!(transactional_id = %id, "fold-reject producer initialised: any older folder is fenced and its open transaction aborted");
-                *fold = FoldMode::Transactional(producer.clone());
-                Ok(Some(producer))
-            }
-            Err(e) if refuses_transactions(&e) => {
-                tracing::error!(transactional_id = %id, error = %e, "the dead-letter broker does not support transactions: fold rejects fall back to the read-back rule (exactly once across crashes, at least once across a frozen folder's late produce); set errors.dead_letter_transactions = false to say so in the config");
-                *fold = FoldMode::ReadBack;
-                Ok(None)
-            }
-            Err(e) => Err(e.to_string()),
-        }
-    }
-
-    /// One transaction: begin, produce every reject, commit. A failed
-    /// produce aborts it (what landed is never visible to read_committed
-    /// readers); a commit that fails asks for a re-init, which completes or
-    /// aborts it at the coordinator before anything else is produced.
-    async fn transaction(
-        &self,
-        producer: &FutureProducer<ClientLog>,
-        todo: &[&Reject],
-    ) -> std::result::Result<(), TxnFailure> {
-        let p = producer.clone();
-        blocking(move || p.begin_transaction()).await?;
-        let failed = self.send_all(producer, todo).await;
-        if let Some(f) = failed.first() {
-            let error = format!(
-                "{} of {} produces failed: {}",
-                failed.len(),
-                todo.len(),
-                f.error
-            );
-            let p = producer.clone();
-            return match blocking(move || p.abort_transaction(TXN_TIMEOUT)).await {
-                Ok(()) => Err(TxnFailure {
-                    error,
-                    reinit: false,
-                    fenced: is_fenced(producer),
-                }),
-                Err(a) => Err(TxnFailure {
-                    error: format!("{error}; abort: {}", a.error),
-                    reinit: true,
-                    fenced: a.fenced,
-                }),
-            };
-        }
-        crate::failpoints::hit(crate::failpoints::FOLD_DEAD_LETTERS_BEFORE_COMMIT).map_err(
-            |e| TxnFailure {
-                error: e.to_string(),
-                reinit: true,
-                fenced: false,
-            },
-        )?;
-        let p = producer.clone();
-        blocking(move || p.commit_transaction(TXN_TIMEOUT))
-            .await
-            .map_err(|f| TxnFailure { reinit: true, ..f })
+        Ok(())
     }
 
     /// With `held`: drops from `todo` the rejects the topics already hold
@@ -651,7 +530,14 @@ impl DeadLetters {
         rejects
             .iter()
             .zip(results)
-            .filter_map(|(&reject, sent)| sent.err().map(|error| Failed { reject, error }))
+            .filter_map(|(&reject, sent)| {
+                let e = sent.err()?;
+                Some(Failed {
+                    reject,
+                    error: e.error,
+                    refused: e.refused,
+                })
+            })
             .collect()
     }
 
@@ -659,7 +545,7 @@ impl DeadLetters {
         &self,
         producer: &FutureProducer<ClientLog>,
         r: &Reject,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), SendError> {
         let purpose = Purpose::DeadLetter {
             connector: &self.connector,
             max_bytes: self.max_bytes,
@@ -669,116 +555,11 @@ impl DeadLetters {
         let delivered = producer
             .send(rec, QUEUE_TIMEOUT)
             .await
-            .map_err(|(e, _)| e.to_string())?;
+            .map_err(|(e, _)| SendError {
+                refused: self.producer_refusal(producer, Some(&e)),
+                error: e.to_string(),
+            })?;
         self.saw_one(topic, delivered.partition, delivered.offset + 1);
         Ok(())
-    }
-}
-
-/// A failed transaction round.
-struct TxnFailure {
-    error: String,
-    /// The producer's state is unclear (a failed commit or abort): make a
-    /// new one, whose init settles the open transaction.
-    reinit: bool,
-    /// A newer folder fenced this producer.
-    fenced: bool,
-}
-
-/// A blocking transaction call, off the async workers.
-async fn blocking(
-    f: impl FnOnce() -> rdkafka::error::KafkaResult<()> + Send + 'static,
-) -> std::result::Result<(), TxnFailure> {
-    let outcome = tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| TxnFailure {
-            error: format!("transaction task: {e}"),
-            reinit: true,
-            fenced: false,
-        })?;
-    outcome.map_err(|e| TxnFailure {
-        fenced: is_fenced_error(&e),
-        reinit: !matches!(&e, KafkaError::Transaction(t) if t.txn_requires_abort() || t.is_retriable()),
-        error: e.to_string(),
-    })
-}
-
-fn code_of(e: &KafkaError) -> Option<RDKafkaErrorCode> {
-    match e {
-        KafkaError::Transaction(t) => Some(t.code()),
-        other => other.rdkafka_error_code(),
-    }
-}
-
-fn is_fenced_error(e: &KafkaError) -> bool {
-    matches!(
-        code_of(e),
-        Some(
-            RDKafkaErrorCode::Fenced
-                | RDKafkaErrorCode::ProducerFenced
-                | RDKafkaErrorCode::InvalidProducerEpoch
-        )
-    )
-}
-
-/// A producer whose fatal error says a newer instance fenced it.
-fn is_fenced(producer: &FutureProducer<ClientLog>) -> bool {
-    matches!(
-        producer.client().fatal_error(),
-        Some((
-            RDKafkaErrorCode::Fenced
-                | RDKafkaErrorCode::ProducerFenced
-                | RDKafkaErrorCode::InvalidProducerEpoch,
-            _
-        ))
-    )
-}
-
-/// An init refused because the broker has no transactions (too old, or a
-/// broker such as tansu 0.6 that does not implement them), not because it
-/// is unreachable.
-fn refuses_transactions(e: &KafkaError) -> bool {
-    matches!(
-        code_of(e),
-        Some(
-            RDKafkaErrorCode::UnsupportedVersion
-                | RDKafkaErrorCode::UnsupportedFeature
-                | RDKafkaErrorCode::UnsupportedForMessageFormat
-                | RDKafkaErrorCode::InvalidRequest
-        )
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use super::fold_transactional_id;
-    use crate::config::resolve_uri;
-
-    /// Two spellings of one root give one `transactional.id`, or two
-    /// folders of one graph would not fence each other and a frozen one's
-    /// late produce would show a reject twice.
-    #[test]
-    fn one_root_spelled_any_way_gives_one_transactional_id() {
-        let base = Path::new("/srv/gs");
-        let id = |root: &str| fold_transactional_id(&resolve_uri(root, base));
-        let one = id("/srv/gs/graph");
-        for root in [
-            "graph",
-            "./graph",
-            "graph/",
-            "./graph/.",
-            "/srv/gs/graph/",
-            "/srv/gs/x/../graph",
-            "file:///srv/gs/graph",
-            "file:///srv/gs/graph/",
-            "file:///srv/gs/./graph",
-        ] {
-            assert_eq!(id(root), one, "{root}");
-        }
-        assert_ne!(id("/srv/gs/other"), one);
-        assert_eq!(id("s3://bucket/g/"), id("s3://bucket/./g"));
-        assert_ne!(id("s3://bucket/g"), one);
     }
 }
