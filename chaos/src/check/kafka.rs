@@ -390,7 +390,13 @@ impl CommitSampler {
         let secs = |a: std::time::SystemTime, b: std::time::SystemTime| {
             a.duration_since(b).unwrap_or_default().as_secs_f64()
         };
-        let Some(before) = parts.iter().rev().find(|(t, _)| *t < start) else {
+        // The state at the start: the last sample before it, or the first.
+        let Some(before) = parts
+            .iter()
+            .rev()
+            .find(|(t, _)| *t < start)
+            .or_else(|| parts.first())
+        else {
             return 0.0;
         };
         let mut last: Vec<i64> = before.1.iter().map(|(c, _)| *c).collect();

@@ -132,6 +132,14 @@ pub(super) async fn kill_coordinator(
         .stage(env, name, seed, &m1, preferred, local_graph(env, name))
         .await?;
     let mut meter = Meter::start(c, &st)?;
+    // A first graphsink gives the lag a baseline; the one that replaces it
+    // stops in its first delivery, which comes within seconds of its start.
+    let mut g = Supervised::start(&st, env, &[], None)?;
+    meter.warm_up(&mut g, &st, env, r).await?;
+    let e = g.p.stop(Duration::from_secs(60)).await;
+    if e.code != Some(0) {
+        r.own_exits.push(format!("stop before the failpoint's run: {e:?}"));
+    }
     let mut g = Supervised::start(&st, env, &[], Some(INSIDE_A_DELIVERY.into()))?;
     let pid = g.p.pid();
     if !g
