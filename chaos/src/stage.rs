@@ -297,11 +297,11 @@ impl Stage {
     pub(crate) async fn finish(
         &mut self,
         env: &Env,
-        mut main: Option<&mut Broker>,
+        main: Option<&mut Broker>,
         r: &mut PhaseReport,
     ) -> Res<()> {
         self.close_feed(r).await?;
-        self.final_run(env, main.as_deref_mut(), r).await?;
+        self.final_run(env, main, r).await?;
         final_run_in_time(self.tansu, r);
         self.final_check(r).await
     }

@@ -138,7 +138,8 @@ pub(super) async fn kill_coordinator(
     meter.warm_up(&mut g, &st, env, r).await?;
     let e = g.p.stop(Duration::from_secs(60)).await;
     if e.code != Some(0) {
-        r.own_exits.push(format!("stop before the failpoint's run: {e:?}"));
+        r.own_exits
+            .push(format!("stop before the failpoint's run: {e:?}"));
     }
     let mut g = Supervised::start(&st, env, &[], Some(INSIDE_A_DELIVERY.into()))?;
     let pid = g.p.pid();
