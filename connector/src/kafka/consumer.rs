@@ -318,9 +318,46 @@ pub(crate) fn commit(
     let tpl = offset_list(offsets)?;
     match mode {
         CommitMode::Sync => blocking(|| consumer.commit(&tpl, mode)),
-        CommitMode::Async => consumer.commit(&tpl, mode),
+        CommitMode::Async => commit_async(consumer, &tpl),
     }
     .map_err(Error::from)
+}
+
+/// An async commit whose reply comes back through the consumer's queue,
+/// so `commit_callback` sees it. `Consumer::commit` (`rd_kafka_commit`)
+/// posts no reply for a manual async commit unless a C `offset_commit_cb`
+/// is configured, which rust-rdkafka never sets (librdkafka's
+/// `rd_kafka_cgrp_propagate_commit_result`): the offset book would never
+/// learn that the broker took it. `rd_kafka_commit_queue` with the
+/// consumer queue and no callback delivers the reply as an
+/// `OffsetCommit` event, which the stream's poll hands to the context.
+fn commit_async(
+    consumer: &GroupConsumer,
+    tpl: &TopicPartitionList,
+) -> rdkafka::error::KafkaResult<()> {
+    use rdkafka::bindings as rd;
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    let rk = consumer.client().native_ptr();
+    // SAFETY: `rk` is this live consumer's handle. `rd_kafka_queue_get_consumer`
+    // returns a new reference to its consumer queue (non-null for a
+    // consumer with a group.id, which every group consumer has);
+    // `rd_kafka_commit_queue` copies `tpl` and keeps its own reference to
+    // the queue for the reply, so ours is released right after. With a
+    // queue given it does not wait, and a null callback makes the reply
+    // an event rather than a call.
+    let err = unsafe {
+        let queue = rd::rd_kafka_queue_get_consumer(rk);
+        if queue.is_null() {
+            return Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::UnknownGroup));
+        }
+        let err = rd::rd_kafka_commit_queue(rk, tpl.ptr(), queue, None, std::ptr::null_mut());
+        rd::rd_kafka_queue_destroy(queue);
+        err
+    };
+    match RDKafkaErrorCode::from(err) {
+        RDKafkaErrorCode::NoError => Ok(()),
+        code => Err(KafkaError::ConsumerCommit(code)),
+    }
 }
 
 fn offset_list(
