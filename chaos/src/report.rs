@@ -46,8 +46,8 @@ pub(crate) struct PhaseReport {
 
 /// One fault of a `--cluster` phase: what, how many times, how long it
 /// lasted, the longest stretch with no commit progress from its start, and
-/// how long after its end the group's lag was back to what it was before
-/// (`None`: not within the phase).
+/// how long after its end the group had committed all its partitions held
+/// then (`None`: not within the phase).
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct FaultReport {
     pub what: String,

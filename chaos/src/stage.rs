@@ -102,8 +102,6 @@ pub(crate) struct Stage {
     pub group: String,
     pub topics: Topics,
     pub source: Reach,
-    /// The continuous producer's records a second.
-    pub rate: u32,
     producer: Reach,
     pub launch: Launch,
     tansu: bool,
@@ -185,7 +183,6 @@ impl Stage {
             tails,
             dead_letters,
             feed: Some(Feed::start(&site.producer, gen, rate)?),
-            rate,
             producer: site.producer,
             source: site.source,
             launch: site.launch,

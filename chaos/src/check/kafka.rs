@@ -333,41 +333,43 @@ pub(crate) struct Recovery {
     /// records waiting saw no commit, up to the recovery (or the last
     /// sample), in seconds.
     pub longest_pause: f64,
-    /// Seconds from the fault's end until the group's lag was back to what
-    /// it was before the fault; `None` while it is not.
+    /// Seconds from the fault's end until the group had committed every
+    /// record its partitions held at that end; `None` while it has not.
     pub recovered_after: Option<f64>,
 }
 
 impl CommitSampler {
-    /// What a fault from `start` to `end` did to the group's commits. The
-    /// lag before it is the most records produced but not committed in the
-    /// 20 s before `start` (at least `floor`, a second of the producer's
-    /// rate: what is normally in flight); it is recovered at the first
-    /// sample from `end` on whose lag is back at or under that.
+    /// What a fault from `start` to `end` did to the group's commits. It
+    /// is recovered from at the first sample from `end` on in which every
+    /// partition has committed all that it held when the fault ended (the
+    /// last sample at or before `end`): the backlog the fault left is
+    /// ingested. A kill -9 of a member leaves its partitions' lag normal
+    /// at first and stalls them until the hand-off; a lag threshold saw
+    /// that as recovered at once, this does not. In normal running this
+    /// takes a commit interval or two (a second or so).
     pub(crate) fn recovery(
         &self,
         start: std::time::SystemTime,
         end: std::time::SystemTime,
-        floor: i64,
     ) -> Recovery {
-        let samples = self.samples.lock().unwrap();
-        let before = start - Duration::from_secs(20);
-        let baseline = samples
-            .iter()
-            .filter(|(t, _, _)| *t >= before && *t < start)
-            .map(|(_, c, e)| e - c)
-            .max()
-            .unwrap_or(0)
-            .max(floor);
-        let recovered_at = samples
-            .iter()
-            .find(|(t, c, e)| *t >= end && e - c <= baseline)
-            .map(|(t, _, _)| *t);
+        let parts = self.parts.lock().unwrap();
         let secs = |a: std::time::SystemTime, b: std::time::SystemTime| {
             a.duration_since(b).unwrap_or_default().as_secs_f64()
         };
-        let stop = recovered_at.or_else(|| samples.last().map(|s| s.0));
-        drop(samples);
+        let held = parts
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= end)
+            .or_else(|| parts.iter().find(|(t, _)| *t > end))
+            .map(|(_, each)| each.iter().map(|(_, e)| *e).collect::<Vec<i64>>());
+        let recovered_at = held.and_then(|held| {
+            parts
+                .iter()
+                .find(|(t, each)| *t >= end && each.iter().zip(&held).all(|((c, _), e)| c >= e))
+                .map(|(t, _)| *t)
+        });
+        let stop = recovered_at.or_else(|| parts.last().map(|s| s.0));
+        drop(parts);
         let pause = self.longest_pause(start, stop);
         Recovery {
             longest_pause: pause,

@@ -1,8 +1,8 @@
 //! What each fault of a cluster phase did to ingest, read from the group's
 //! committed offsets against the topics' ends (sampled every 250 ms by the
 //! admin, whose host no fault touches): the longest stretch with no commit
-//! progress from the fault's start, and how long after its end the lag was
-//! back to what it was before. The producer is held up by the faults that
+//! progress from the fault's start, and how long after its end the group
+//! had committed everything its partitions held at that end. The producer is held up by the faults that
 //! touch the brokers too: a pause is end to end, as a user sees it.
 
 use std::time::{Duration, SystemTime};
@@ -12,8 +12,8 @@ use crate::check::{CommitSampler, Res};
 use crate::report::{FaultReport, PhaseReport};
 use crate::stage::{Env, Stage};
 
-/// How long the group's lag must stay normal before a fault, so the lag
-/// it recovers to is known.
+/// Normal ingest before a fault (and after a recovery), so the pauses of
+/// two faults do not run together.
 const BASELINE: Duration = Duration::from_secs(15);
 
 /// How long a recovery may take before the phase goes on without it (the
@@ -30,7 +30,6 @@ struct Fault {
 /// The sampler of one phase's group and the faults delivered so far.
 pub(crate) struct Meter {
     sampler: CommitSampler,
-    floor: i64,
     faults: Vec<Fault>,
 }
 
@@ -44,7 +43,6 @@ impl Meter {
             .collect();
         Ok(Meter {
             sampler: CommitSampler::start(&c.admin, &st.group, topics)?,
-            floor: i64::from(st.rate),
             faults: Vec::new(),
         })
     }
@@ -92,7 +90,7 @@ impl Meter {
     pub(super) fn recovered(&self) -> bool {
         self.faults.last().is_none_or(|f| {
             self.sampler
-                .recovery(f.start, f.end, self.floor)
+                .recovery(f.start, f.end)
                 .recovered_after
                 .is_some()
         })
@@ -122,7 +120,7 @@ impl Meter {
             ));
         }
         for f in &self.faults {
-            let rec = self.sampler.recovery(f.start, f.end, self.floor);
+            let rec = self.sampler.recovery(f.start, f.end);
             r.faults.push(FaultReport {
                 what: f.what.clone(),
                 delivered: f.delivered,
