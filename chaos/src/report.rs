@@ -46,8 +46,8 @@ pub(crate) struct PhaseReport {
 
 /// One fault of a `--cluster` phase: what, how many times, how long it
 /// lasted, the longest stretch with no commit progress from its start, and
-/// how long after its end the group had committed all its partitions held
-/// then (`None`: not within the phase).
+/// how long after its end ingest was normal again (`None`: not within the
+/// phase; `CommitSampler::recovery` says what normal is).
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct FaultReport {
     pub what: String,

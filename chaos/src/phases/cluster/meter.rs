@@ -1,8 +1,10 @@
 //! What each fault of a cluster phase did to ingest, read from the group's
 //! committed offsets against the topics' ends (sampled every 250 ms by the
 //! admin, whose host no fault touches): the longest stretch with no commit
-//! progress from the fault's start, and how long after its end the group
-//! had committed everything its partitions held at that end. The producer is held up by the faults that
+//! progress from the fault's start, and how long after its end ingest was
+//! normal again: everything the partitions held at the end committed, and
+//! no partition stalled longer than before the fault
+//! (`CommitSampler::recovery`). The producer is held up by the faults that
 //! touch the brokers too: a pause is end to end, as a user sees it.
 
 use std::time::{Duration, SystemTime};
@@ -86,19 +88,17 @@ impl Meter {
         });
     }
 
-    /// Whether the last fault is recovered from.
+    /// Whether the last fault is recovered from, and ingest has been
+    /// normal for a while since.
     pub(super) fn recovered(&self) -> bool {
-        self.faults.last().is_none_or(|f| {
-            self.sampler
-                .recovery(f.start, f.end)
-                .recovered_after
-                .is_some()
-        })
+        self.faults
+            .last()
+            .is_none_or(|f| self.sampler.recovery(f.start, f.end, None).settled)
     }
 
     /// Waits (graphsink supervised) until the last fault is recovered
     /// from, at most [`RECOVER_WITHIN`], then [`BASELINE`] more so the
-    /// next fault has a normal lag to compare with.
+    /// next fault has normal ingest to compare with.
     pub(super) async fn settle(
         &self,
         g: &mut impl Keeper,
@@ -119,8 +119,10 @@ impl Meter {
                 last.unwrap_or_default()
             ));
         }
-        for f in &self.faults {
-            let rec = self.sampler.recovery(f.start, f.end);
+        for (i, f) in self.faults.iter().enumerate() {
+            // Each fault's figures stop where the next fault starts.
+            let until = self.faults.get(i + 1).map(|n| n.start);
+            let rec = self.sampler.recovery(f.start, f.end, until);
             r.faults.push(FaultReport {
                 what: f.what.clone(),
                 delivered: f.delivered,
