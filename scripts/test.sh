@@ -130,7 +130,7 @@ if [ "$status" -eq 0 ] && { [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_CHAO
     # The cluster set's short form (RELIABILITY.md, "Kafka cluster"): the
     # secured three-node cluster, a rolling restart of its brokers and a
     # kill -9 of the leader of graphsink's partitions, each under the live
-    # producer and ending with the full audit (about 5 minutes).
+    # producer and ending with the full audit (3.5–4 minutes).
     if [ "${GRAPHSINK_TEST_BROKER_BACKEND:-kafka}" = kafka ]; then
         log "graphsink-chaos cluster short form (seed 1, three secured Kafka nodes)"
         "$CARGO_TARGET_DIR/debug/graphsink-chaos" --seed 1 --cluster 3 \
