@@ -109,7 +109,8 @@ fi
 
 # The reliability harness's short form (RELIABILITY.md): a fixed seed, 33
 # kill -9 trials (every failpoint once), a broker freeze, a dead-letter outage, broker restarts and
-# a full disk, each checked by the independent checker. It starts its own
+# a full disk, each checked by the independent checker; then the cluster
+# set's short form. It starts its own
 # brokers (it must freeze and restart them). Only for the whole suite (no
 # cargo arguments) or when GRAPHSINK_CHAOS=1.
 if [ "$status" -eq 0 ] && { [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_CHAOS:-}" = 1 ]; }; then
@@ -126,5 +127,14 @@ if [ "$status" -eq 0 ] && { [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_CHAO
     log "graphsink-chaos short form (seed 1, ${chaos_broker[1]})"
     "$CARGO_TARGET_DIR/debug/graphsink-chaos" --seed 1 --trials 33 --freezes "$freeze" \
         --dead-letter-outage 5 --restarts 2 "${chaos_broker[@]}" || status=$?
+    # The cluster set's short form (RELIABILITY.md, "Kafka cluster"): the
+    # secured three-node cluster, a rolling restart of its brokers and a
+    # kill -9 of the leader of graphsink's partitions, each under the live
+    # producer and ending with the full audit (3.5–4 minutes).
+    if [ "${GRAPHSINK_TEST_BROKER_BACKEND:-kafka}" = kafka ]; then
+        log "graphsink-chaos cluster short form (seed 1, three secured Kafka nodes)"
+        "$CARGO_TARGET_DIR/debug/graphsink-chaos" --seed 1 --cluster 3 \
+            --phases rolling-restart,kill-leader || status=$?
+    fi
 fi
 exit "$status"

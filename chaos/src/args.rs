@@ -61,13 +61,18 @@ pub(crate) struct Args {
     /// Percent of bad records (sync rejects).
     #[arg(long, default_value_t = 10)]
     pub bad_percent: u32,
-    /// Phases to run (default: all).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "kills,freeze,dead-letters,restarts,disk,members,migrate"
-    )]
-    pub phases: Vec<String>,
+    /// Phases to run (default: all of the set: the single-broker phases
+    /// kills,freeze,dead-letters,restarts,disk,members,migrate; with
+    /// `--cluster`, the cluster phases: RELIABILITY.md, "Kafka cluster").
+    #[arg(long, value_delimiter = ',')]
+    pub phases: Option<Vec<String>>,
+    /// The `cluster` set: a secured Kafka cluster of this many nodes (3:
+    /// replication factor 3, `min.insync.replicas=2`), started once for
+    /// the run, and its faults (rolling restart, kills, cuts, a slow and
+    /// flaky network, a zombie, `min.insync.replicas` not met, members on
+    /// S3) instead of the single-broker phases.
+    #[arg(long)]
+    pub cluster: Option<u32>,
     /// Where graphs and logs go (default: a temporary directory, removed
     /// unless a check fails).
     #[arg(long)]

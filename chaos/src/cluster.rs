@@ -10,12 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use graphsink_testkit::{BrokerBackend, S3Server, TansuOptions, TestBroker};
+use graphsink_testkit::{BrokerBackend, Host, S3Server, TansuOptions, TestBroker};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 
 use crate::check::Res;
+use crate::reach::Reach;
 
 pub(crate) struct Broker {
     pub bootstrap: String,
@@ -75,6 +76,11 @@ impl Broker {
             inner,
             _s3: Some(s3),
         })
+    }
+
+    /// How the harness's clients reach it.
+    pub(crate) fn reach(&self) -> Reach {
+        Reach::plain(&self.bootstrap)
     }
 
     /// Whether this is the opt-in tansu backend.
@@ -151,6 +157,18 @@ impl Process {
         env: &[(&str, String)],
         log: &Path,
     ) -> Res<Process> {
+        Process::spawn_on(None, bin, args, env, log)
+    }
+
+    /// [`Process::spawn`] in `host`'s network namespace (`ip netns exec`,
+    /// which execs: the child is the program itself, so signals reach it).
+    pub(crate) fn spawn_on(
+        host: Option<&Host>,
+        bin: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+        log: &Path,
+    ) -> Res<Process> {
         let f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -158,7 +176,10 @@ impl Process {
             .map_err(|e| format!("open {}: {e}", log.display()))?;
         let log_len_at_start = f.metadata().map(|m| m.len()).unwrap_or(0);
         let g = f.try_clone().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(bin);
+        let mut cmd = match host {
+            Some(h) => h.command(bin),
+            None => Command::new(bin),
+        };
         cmd.args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::check::Res;
+use crate::reach::Reach;
 use crate::workload::{self, Generator, Out};
 
 /// The continuous producer: `rate` records a second until stopped.
@@ -21,15 +21,17 @@ pub(crate) struct Feed {
     handle: tokio::task::JoinHandle<(Generator, u64, u64)>,
 }
 
-fn producer(bootstrap: &str) -> Res<FutureProducer> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        // Outages last up to a minute: keep retrying rather than failing.
-        .set("message.timeout.ms", "600000")
-        .set("log_level", "3")
-        .create()
+fn producer(kafka: &Reach) -> Res<FutureProducer> {
+    kafka
+        .create(
+            kafka
+                .config()
+                .set("acks", "all")
+                .set("linger.ms", "5")
+                // Outages last up to a minute: keep retrying rather than failing.
+                .set("message.timeout.ms", "600000")
+                .set("log_level", "3"),
+        )
         .map_err(|e| format!("producer: {e}"))
 }
 
@@ -50,8 +52,8 @@ fn record(o: &Out) -> FutureRecord<'_, [u8], [u8]> {
 }
 
 impl Feed {
-    pub(crate) fn start(bootstrap: &str, mut gen: Generator, rate: u32) -> Res<Feed> {
-        let producer = producer(bootstrap)?;
+    pub(crate) fn start(kafka: &Reach, mut gen: Generator, rate: u32) -> Res<Feed> {
+        let producer = producer(kafka)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let handle = tokio::spawn(async move {
@@ -109,8 +111,8 @@ fn tally(r: Delivered, sent: &AtomicU64, failed: &AtomicU64) {
 }
 
 /// Produces `recs` and waits for every delivery: (sent, failed).
-pub(crate) async fn produce_all(bootstrap: &str, recs: Vec<Out>) -> Res<(u64, u64)> {
-    let producer = producer(bootstrap)?;
+pub(crate) async fn produce_all(kafka: &Reach, recs: Vec<Out>) -> Res<(u64, u64)> {
+    let producer = producer(kafka)?;
     let (sent, failed) = (AtomicU64::new(0), AtomicU64::new(0));
     let mut inflight = FuturesUnordered::new();
     for o in &recs {

@@ -17,6 +17,13 @@
 //!   (`MIGRATE_FAILPOINTS`) or at a random moment, then finished by the
 //!   next start.
 //!
+//! With `--cluster 3` it runs the `cluster` set instead (`phases/cluster/`):
+//! a secured three-node Kafka in network namespaces, and its faults
+//! (rolling restart, kill -9 of a leader, the controller, a transaction
+//! coordinator, network cuts, a slow and flaky network, a zombie member,
+//! `min.insync.replicas` not met, members on S3), each phase timing how
+//! long ingest paused and took to recover.
+//!
 //! After crashes (half of them, by seed) and at the end of each phase the
 //! checker in `check/` compares the graph, read with plain Lance, with
 //! the stream read back from Kafka. Any difference is a finding, printed
@@ -24,14 +31,17 @@
 //!
 //! The parts: `args` (the command line), `stage` (a phase's graph, topics,
 //! producer, audit and final check), `feed` (the producers), `phases/` (one
-//! file per phase), `cluster` (brokers and graphsink processes), `workload`
-//! (the records), `check/` (the checker), `report` (what a phase found).
+//! file per phase; `phases/cluster/` the cluster set), `cluster` (single
+//! brokers and graphsink processes), `reach` (how the harness's Kafka
+//! clients reach a broker or the cluster), `workload` (the records),
+//! `check/` (the checker), `report` (what a phase found).
 
 mod args;
 mod check;
 mod cluster;
 mod feed;
 mod phases;
+mod reach;
 mod report;
 mod stage;
 mod workload;
@@ -73,12 +83,16 @@ async fn chaos(args: Args) -> Res<bool> {
     let graphsink = graphsink_binary(&args)?;
     let backend = broker_backend(&args)?;
     backend.check_installed()?;
+    let phases = chosen_phases(&args)?;
     let (work, tmp) = work_dir(&args)?;
     println!(
         "graphsink-chaos seed {} work {} broker {}",
         args.seed,
         work.display(),
-        backend.describe()
+        match args.cluster {
+            Some(n) => format!("a secured Apache Kafka cluster of {n} nodes"),
+            None => backend.describe(),
+        }
     );
     let env = Env {
         graphsink,
@@ -87,8 +101,21 @@ async fn chaos(args: Args) -> Res<bool> {
         args: args.clone(),
     };
     let mut reports = Vec::new();
-    for (i, phase) in args.phases.iter().enumerate() {
-        reports.push(run_phase(&env, i, phase).await);
+    if let Some(n) = args.cluster {
+        tear_down_on_signal();
+        let started = Instant::now();
+        let mut c = phases::cluster::Cluster::start(n)?;
+        println!(
+            "   cluster of {n} ready in {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+        for (i, phase) in phases.iter().enumerate() {
+            reports.push(run_phase(&env, Some(&mut c), i, phase).await);
+        }
+    } else {
+        for (i, phase) in phases.iter().enumerate() {
+            reports.push(run_phase(&env, None, i, phase).await);
+        }
     }
     let ok = reports.iter().all(|r| r.errors.is_empty());
     println!(
@@ -160,8 +187,64 @@ fn work_dir(args: &Args) -> Res<(PathBuf, Option<tempfile::TempDir>)> {
     Ok((work, tmp))
 }
 
+/// The phases `--phases` names, or the whole set; cluster phases only
+/// with `--cluster`, and the others only without.
+fn chosen_phases(args: &Args) -> Res<Vec<String>> {
+    let cluster = phases::cluster::PHASES;
+    let Some(named) = &args.phases else {
+        return Ok(match args.cluster {
+            Some(_) => cluster.iter().map(|s| s.to_string()).collect(),
+            None => phases::SINGLE.iter().map(|s| s.to_string()).collect(),
+        });
+    };
+    for p in named {
+        let in_cluster = cluster.contains(&p.as_str());
+        match (args.cluster.is_some(), in_cluster) {
+            (true, false) => {
+                return Err(format!(
+                    "--phases {p}: with --cluster the phases are {}",
+                    cluster.join(",")
+                ))
+            }
+            (false, true) => return Err(format!("--phases {p} needs --cluster 3")),
+            _ => {}
+        }
+    }
+    Ok(named.clone())
+}
+
+/// A SIGINT or SIGTERM tears the cluster down before the process goes:
+/// its namespaces are deleted with every process inside (the JVMs, the
+/// proxies, graphsink). The drops do the same on every other way out.
+fn tear_down_on_signal() {
+    tokio::spawn(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        let gone = graphsink_testkit::netns::delete_own();
+        eprintln!(
+            "graphsink-chaos: stopped by a signal; deleted {} network namespaces and what ran in them",
+            gone.len()
+        );
+        std::process::exit(130);
+    });
+}
+
 /// Phase `i` of the run, with a seed of its own, timed and printed.
-async fn run_phase(env: &Env, i: usize, phase: &str) -> PhaseReport {
+async fn run_phase(
+    env: &Env,
+    cluster: Option<&mut phases::cluster::Cluster>,
+    i: usize,
+    phase: &str,
+) -> PhaseReport {
     let seed = env.args.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
     let t = Instant::now();
     let mut r = PhaseReport {
@@ -169,7 +252,11 @@ async fn run_phase(env: &Env, i: usize, phase: &str) -> PhaseReport {
         ..Default::default()
     };
     println!("== phase {phase} (seed {seed})");
-    if let Err(e) = phases::run(env, phase, seed, &mut r).await {
+    let ran = match cluster {
+        Some(c) => phases::cluster::run(env, c, phase, seed, &mut r).await,
+        None => phases::run(env, phase, seed, &mut r).await,
+    };
+    if let Err(e) = ran {
         r.errors.push(format!("phase failed: {e}"));
     }
     r.seconds = t.elapsed().as_secs_f64();

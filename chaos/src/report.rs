@@ -31,6 +31,10 @@ pub(crate) struct PhaseReport {
     /// and the most records produced but not committed in them.
     pub group_protocol: String,
     pub rebalances: Vec<(String, f64, f64, i64)>,
+    /// `--cluster`: each fault delivered and what it did to ingest.
+    pub faults: Vec<FaultReport>,
+    /// What a phase saw besides (e.g. `/ready` during an outage).
+    pub notes: Vec<String>,
     /// The final `--exit-at-end` run: attempts, and seconds of the last.
     pub final_run: Option<(u32, f64)>,
     pub audits: u32,
@@ -38,6 +42,19 @@ pub(crate) struct PhaseReport {
     pub final_check: Option<Tally>,
     pub errors: Vec<String>,
     pub not_run: Option<String>,
+}
+
+/// One fault of a `--cluster` phase: what, how many times, how long it
+/// lasted, the longest stretch with no commit progress from its start, and
+/// how long after its end ingest was normal again (`None`: not within the
+/// phase; `CommitSampler::recovery` says what normal is).
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct FaultReport {
+    pub what: String,
+    pub delivered: u32,
+    pub seconds: f64,
+    pub longest_pause: f64,
+    pub recovered_after: Option<f64>,
 }
 
 /// The phase's lines on stdout, after it ran.
@@ -55,6 +72,22 @@ pub(crate) fn print_phase(r: &PhaseReport) {
             "   broker freezes {:?} s, broker restarts {}, dead-letter outage {} s",
             r.freezes, r.restarts, r.dead_letter_outage
         );
+    }
+    for f in &r.faults {
+        println!(
+            "   fault: {} (x{}, {:.1} s): longest ingest pause {:.1} s, recovered {}",
+            f.what,
+            f.delivered,
+            f.seconds,
+            f.longest_pause,
+            f.recovered_after
+                .map_or("not within the phase".to_string(), |s| format!(
+                    "{s:.1} s after it ended"
+                ))
+        );
+    }
+    for n in &r.notes {
+        println!("   note: {n}");
     }
     for (what, s) in &r.handoffs {
         println!("   hand-off after {what}: {s:.1} s until a survivor was assigned its partitions (session.timeout.ms 6 s)");

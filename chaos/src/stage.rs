@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use graphsink_testkit::BrokerBackend;
+use graphsink_testkit::{BrokerBackend, Host};
 
 use crate::args::Args;
-use crate::check::{self, Res, Tail};
+use crate::check::{self, GraphRoot, Res, Tail};
 use crate::cluster::{Broker, Exit, Process};
 use crate::feed::{produce_all, Feed};
+use crate::reach::Reach;
 use crate::report::PhaseReport;
 use crate::workload::{self, Generator, Topics};
 
@@ -28,20 +29,100 @@ pub(crate) struct Env {
     pub args: Args,
 }
 
+/// Where a stage's Kafka is and how each party reaches it: the harness's
+/// readers, its producer, and graphsink (its config's connection lines and
+/// the host it runs on).
+pub(crate) struct Site {
+    /// The harness reading the source topics and the group's offsets.
+    pub source: Reach,
+    /// The continuous producer.
+    pub producer: Reach,
+    /// The harness reading the dead-letter topic (`read_committed`).
+    pub dead_letters: Reach,
+    /// graphsink's `[kafka]` connection lines, and `[errors.producer]`'s
+    /// (empty: the producer takes `[kafka]`'s).
+    pub kafka_lines: String,
+    pub producer_lines: String,
+    /// tansu 0.6 (its quirks: docs/kafka.md).
+    pub tansu: bool,
+    /// Where graphsink runs.
+    pub launch: Launch,
+}
+
+impl Site {
+    /// Two single brokers: `main` for the source topics, `dlq` for the
+    /// dead-letter topic; graphsink on this host.
+    pub(crate) fn brokers(main: &Broker, dlq: &Broker) -> Site {
+        Site {
+            source: main.reach(),
+            producer: main.reach(),
+            dead_letters: dlq.reach(),
+            kafka_lines: format!("\"bootstrap.servers\" = \"{}\"\n", main.bootstrap),
+            producer_lines: format!("\"bootstrap.servers\" = \"{}\"\n", dlq.bootstrap),
+            tansu: main.is_tansu(),
+            launch: Launch::default(),
+        }
+    }
+}
+
+/// Where a `graphsink` process runs: a network namespace (none: this
+/// host's) and the environment it needs there (secrets the config names
+/// as `${VAR}`s).
+#[derive(Clone, Default)]
+pub(crate) struct Launch {
+    pub host: Option<Host>,
+    pub env: Vec<(String, String)>,
+}
+
+impl Launch {
+    /// Starts `graphsink ARGS` with `more` in its environment, output to `log`.
+    pub(crate) fn spawn(
+        &self,
+        env: &Env,
+        args: &[&str],
+        more: &[(&str, String)],
+        log: &Path,
+    ) -> Res<Process> {
+        let mut vars: Vec<(&str, String)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        vars.extend(more.iter().cloned());
+        Process::spawn_on(self.host.as_ref(), &env.graphsink, args, &vars, log)
+    }
+}
+
 /// One phase's graph, topics, group and producer.
 pub(crate) struct Stage {
     pub dir: PathBuf,
     pub config: PathBuf,
     pub root: String,
+    pub graph: GraphRoot,
     pub group: String,
     pub topics: Topics,
-    log: PathBuf,
+    pub source: Reach,
+    producer: Reach,
+    pub launch: Launch,
+    tansu: bool,
+    pub log: PathBuf,
     tails: Vec<Tail>,
     dead_letters: Tail,
     feed: Option<Feed>,
 }
 
+/// A phase's topics: named after the phase and its seed.
+pub(crate) fn topics_for(name: &str, seed: u64) -> Topics {
+    Topics::new(&format!("{name}-{seed}"))
+}
+
+/// A phase's group.
+pub(crate) fn group_for(name: &str, seed: u64) -> String {
+    format!("chaos-{name}-{seed}")
+}
+
 impl Stage {
+    /// A stage on two single brokers; its topics are made here.
     pub(crate) async fn new(
         env: &Env,
         name: &str,
@@ -50,45 +131,84 @@ impl Stage {
         dlq: &Broker,
         root: Option<PathBuf>,
     ) -> Res<Stage> {
-        let dir = env.work.join(name);
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let root = root.unwrap_or_else(|| dir.join("graph"));
-        let topics = Topics::new(&format!("{name}-{seed}"));
+        let topics = topics_for(name, seed);
         for (t, p) in topics.mapped() {
             main.create_topic(t, p).await?;
         }
         dlq.create_topic(&topics.dead_letters, 1).await?;
-        let group = format!("chaos-{name}-{seed}");
+        let dir = env.work.join(name);
+        let root = root.unwrap_or_else(|| dir.join("graph"));
+        let graph = GraphRoot::local(&root.display().to_string());
+        let site = Site::brokers(main, dlq);
+        Stage::on(env, name, seed, site, graph, "", env.args.rate).await
+    }
+
+    /// A stage on `site`, whose topics exist; `graph_lines` go into
+    /// `[graph]` after the root (storage options); the producer writes
+    /// `rate` records a second.
+    pub(crate) async fn on(
+        env: &Env,
+        name: &str,
+        seed: u64,
+        site: Site,
+        graph: GraphRoot,
+        graph_lines: &str,
+        rate: u32,
+    ) -> Res<Stage> {
+        let dir = env.work.join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let topics = topics_for(name, seed);
+        let group = group_for(name, seed);
         std::fs::write(dir.join("chaos.pg"), workload::SCHEMA).map_err(|e| e.to_string())?;
         let config = dir.join("graphsink.toml");
-        std::fs::write(&config, config_text(&root, &group, &topics, main, dlq))
-            .map_err(|e| e.to_string())?;
+        std::fs::write(
+            &config,
+            config_text(&graph.uri, graph_lines, &group, &topics, &site),
+        )
+        .map_err(|e| e.to_string())?;
         let mut tails = Vec::new();
         for (t, p) in topics.mapped() {
-            tails.push(Tail::new(&main.bootstrap, t, p)?);
+            tails.push(Tail::new(&site.source, t, p)?);
         }
-        let dead_letters = Tail::new(&dlq.bootstrap, &topics.dead_letters, 1)?;
+        let dead_letters = Tail::new(&site.dead_letters, &topics.dead_letters, 1)?;
         let gen = Generator::new(seed, topics.clone(), env.args.bad_percent);
         Ok(Stage {
             log: dir.join("graphsink.log"),
             dir,
             config,
-            root: root.display().to_string(),
+            root: graph.uri.clone(),
+            graph,
             group,
             topics,
             tails,
             dead_letters,
-            feed: Some(Feed::start(&main.bootstrap, gen, env.args.rate)?),
+            feed: Some(Feed::start(&site.producer, gen, rate)?),
+            producer: site.producer,
+            source: site.source,
+            launch: site.launch,
+            tansu: site.tansu,
         })
     }
 
     pub(crate) fn spawn(&self, env: &Env, failpoint: Option<String>) -> Res<Process> {
+        self.spawn_with(env, &[], failpoint)
+    }
+
+    /// `graphsink run` with `extra` arguments (e.g. `--http ADDR`).
+    pub(crate) fn spawn_with(
+        &self,
+        env: &Env,
+        extra: &[&str],
+        failpoint: Option<String>,
+    ) -> Res<Process> {
         let mut vars = vec![];
         if let Some(fp) = failpoint {
             vars.push(("GRAPHSINK_FAILPOINTS", fp));
         }
         let cfg = self.config.display().to_string();
-        Process::spawn(&env.graphsink, &["run", "--config", &cfg], &vars, &self.log)
+        let mut args = vec!["run", "--config", &cfg];
+        args.extend_from_slice(extra);
+        self.launch.spawn(env, &args, &vars, &self.log)
     }
 
     /// Reads the topics back, at least to `at_least` (topic → partition →
@@ -109,30 +229,21 @@ impl Stage {
 
     /// Folds everything durable with `graphsink fold` and checks that what
     /// the group committed is in the graph.
-    pub(crate) async fn audit(
-        &mut self,
-        env: &Env,
-        main: &Broker,
-        r: &mut PhaseReport,
-        label: &str,
-    ) -> Res<()> {
-        if !Path::new(&self.root).join("__manifest").exists() {
+    pub(crate) async fn audit(&mut self, env: &Env, r: &mut PhaseReport, label: &str) -> Res<()> {
+        if self.graph.host.is_none() && !Path::new(&self.root).join("__manifest").exists() {
             return Ok(()); // killed before the graph was created: nothing acked
         }
         let mut committed = BTreeMap::new();
         for (t, p) in self.topics.mapped() {
             committed.insert(
                 t.to_string(),
-                check::committed(&main.bootstrap, &self.group, t, p)?,
+                check::committed(&self.source, &self.group, t, p)?,
             );
         }
         let cfg = self.config.display().to_string();
-        let mut fold = Process::spawn(
-            &env.graphsink,
-            &["fold", "--force", "--config", &cfg],
-            &[],
-            &self.log,
-        )?;
+        let mut fold =
+            self.launch
+                .spawn(env, &["fold", "--force", "--config", &cfg], &[], &self.log)?;
         match fold.wait_for(Duration::from_secs(300)).await {
             Some(Exit { code: Some(0), .. }) => {}
             other => {
@@ -146,7 +257,7 @@ impl Stage {
                 return Ok(());
             }
         }
-        let snap = check::snapshot(&self.root).await?;
+        let snap = check::snapshot(&self.graph).await?;
         let mut need = snap.offsets_seen();
         for (topic, parts) in &committed {
             for (p, c) in parts {
@@ -178,16 +289,18 @@ impl Stage {
     /// Stops the producer, produces a fresh value of every edge endpoint,
     /// runs graphsink to the end (restarting it like an orchestrator if it
     /// exits on its own) and checks the whole graph.
+    /// `main`, a single broker, is restarted when graphsink says the
+    /// group is wedged (tansu 0.6).
     pub(crate) async fn finish(
         &mut self,
         env: &Env,
-        main: &mut Broker,
+        main: Option<&mut Broker>,
         r: &mut PhaseReport,
     ) -> Res<()> {
-        self.close_feed(main, r).await?;
+        self.close_feed(r).await?;
         self.final_run(env, main, r).await?;
-        final_run_in_time(main, r);
-        self.final_check(main, r).await
+        final_run_in_time(self.tansu, r);
+        self.final_check(r).await
     }
 
     /// Ends a phase that ran one graphsink: a graceful stop (an unclean
@@ -197,7 +310,7 @@ impl Stage {
         &mut self,
         mut p: Process,
         env: &Env,
-        main: &mut Broker,
+        main: Option<&mut Broker>,
         r: &mut PhaseReport,
     ) -> Res<()> {
         let e = p.stop(Duration::from_secs(60)).await;
@@ -216,7 +329,7 @@ impl Stage {
         &mut self,
         mut p: Process,
         env: &Env,
-        main: &mut Broker,
+        main: Option<&mut Broker>,
         r: &mut PhaseReport,
     ) -> Res<()> {
         println!("   SIGTERM to graphsink, then a fresh run --exit-at-end at once");
@@ -230,11 +343,11 @@ impl Stage {
     }
 
     /// Stops the producer and produces the closing records.
-    async fn close_feed(&mut self, main: &Broker, r: &mut PhaseReport) -> Res<()> {
+    async fn close_feed(&mut self, r: &mut PhaseReport) -> Res<()> {
         let feed = self.feed.take().expect("a feed");
         let (mut gen, produced, failed) = feed.stop().await;
         let closing = gen.closing();
-        let (n, f) = produce_all(&main.bootstrap, closing).await?;
+        let (n, f) = produce_all(&self.producer, closing).await?;
         r.produced = produced + n;
         r.produce_failures = failed + f;
         if f > 0 {
@@ -247,13 +360,18 @@ impl Stage {
 
     /// `graphsink run --exit-at-end`, up to six times, until one ends by
     /// itself.
-    async fn final_run(&self, env: &Env, main: &mut Broker, r: &mut PhaseReport) -> Res<()> {
+    async fn final_run(
+        &self,
+        env: &Env,
+        mut main: Option<&mut Broker>,
+        r: &mut PhaseReport,
+    ) -> Res<()> {
         let cfg = self.config.display().to_string();
         let mut done = false;
         for attempt in 1..=6 {
             let started = Instant::now();
-            let mut p = Process::spawn(
-                &env.graphsink,
+            let mut p = self.launch.spawn(
+                env,
                 &["run", "--config", &cfg, "--exit-at-end"],
                 &[],
                 &self.log,
@@ -268,7 +386,9 @@ impl Stage {
                     let tail = p.tail(1);
                     r.own_exits
                         .push(format!("final run, attempt {attempt}: {e:?}: {tail}"));
-                    unwedge(main, &tail, r)?;
+                    if let Some(main) = main.as_deref_mut() {
+                        unwedge(main, &tail, r)?;
+                    }
                 }
                 None => {
                     let e = p.kill().await;
@@ -289,12 +409,12 @@ impl Stage {
 
     /// The whole graph against the whole stream, and every partition
     /// committed to its end.
-    async fn final_check(&mut self, main: &Broker, r: &mut PhaseReport) -> Res<()> {
-        let snap = check::snapshot(&self.root).await?;
+    async fn final_check(&mut self, r: &mut PhaseReport) -> Res<()> {
+        let snap = check::snapshot(&self.graph).await?;
         let mut need = snap.offsets_seen();
         let mut committed = BTreeMap::new();
         for (topic, p) in self.topics.mapped() {
-            let c = check::committed(&main.bootstrap, &self.group, topic, p)?;
+            let c = check::committed(&self.source, &self.group, topic, p)?;
             for (part, n) in &c {
                 let e = need
                     .entry(topic.to_string())
@@ -326,11 +446,11 @@ impl Stage {
 }
 
 /// On Apache Kafka the first final run must end by itself within 3 minutes.
-fn final_run_in_time(main: &Broker, r: &mut PhaseReport) {
+fn final_run_in_time(tansu: bool, r: &mut PhaseReport) {
     // On Apache Kafka a fresh run must end by itself, within 3 minutes,
     // after any outage of the phase (issue 33); tansu 0.6 may need the
     // retries and a broker restart (RELIABILITY.md).
-    if !main.is_tansu() {
+    if !tansu {
         match r.final_run {
             Some((1, s)) if s <= 180.0 => {}
             Some((a, s)) => r.errors.push(format!(
@@ -341,17 +461,21 @@ fn final_run_in_time(main: &Broker, r: &mut PhaseReport) {
     }
 }
 
-fn config_text(root: &Path, group: &str, t: &Topics, main: &Broker, dlq: &Broker) -> String {
+fn config_text(root: &str, graph_lines: &str, group: &str, t: &Topics, site: &Site) -> String {
+    let producer = if site.producer_lines.is_empty() {
+        String::new()
+    } else {
+        format!("\n[errors.producer]\n{}", site.producer_lines)
+    };
     format!(
         r#"# Written by graphsink-chaos.
 [graph]
 root = "{root}"
 schema = "chaos.pg"
 actor = "graphsink-chaos"
-
+{graph_lines}
 [kafka]
-"bootstrap.servers" = "{main}"
-"group.id" = "{group}"
+{kafka}"group.id" = "{group}"
 "session.timeout.ms" = "6000"
 
 [wal]
@@ -391,21 +515,16 @@ on_missing_endpoint = "reject"
 tolerance = "all"
 dead_letter_topic = "{dlq_topic}"
 dead_letter_transactions = {transactions}
-
-[errors.producer]
-"bootstrap.servers" = "{dlq}"
-"#,
-        root = root.display(),
-        main = main.bootstrap,
-        dlq = dlq.bootstrap,
+{producer}"#,
+        kafka = site.kafka_lines,
         items = t.items,
         links = t.links,
         dangles = t.dangles,
         dlq_topic = t.dead_letters,
         // tansu 0.6's high watermark can read low, and it cannot abort a
         // transaction (docs/kafka.md).
-        quiet = if main.is_tansu() { "1s" } else { "0s" },
-        transactions = !main.is_tansu(),
+        quiet = if site.tansu { "1s" } else { "0s" },
+        transactions = !site.tansu,
     )
 }
 

@@ -138,6 +138,24 @@ pub fn sweep_stale() -> Vec<String> {
     swept
 }
 
+/// Deletes every namespace this process made (`gsk<PID>x…`), killing what
+/// runs in them: the teardown of a process that is told to stop (a signal)
+/// and cannot unwind to its drops. Returns their names.
+pub fn delete_own() -> Vec<String> {
+    let Ok(list) = ip(&["netns", "list"]) else {
+        return Vec::new();
+    };
+    let mine = format!("{PREFIX}{}x", std::process::id());
+    let mut deleted = Vec::new();
+    for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
+        if name.starts_with(&mine) {
+            delete_namespace(name);
+            deleted.push(name.to_owned());
+        }
+    }
+    deleted
+}
+
 /// A cut in force: packets from `from` to `to` (either `None`: any host)
 /// are dropped by the router.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,6 +244,17 @@ struct HostInner {
 impl Drop for HostInner {
     fn drop(&mut self) {
         delete_namespace(&self.ns);
+        // The kernel tears a deleted namespace down when the last process
+        // in it is gone, which may be later: the router's end of the link
+        // would outlive it and refuse the next host at this index. Deleting
+        // that end deletes the pair now.
+        let _ = ip(&[
+            "-n",
+            &self.net.hub,
+            "link",
+            "del",
+            &format!("h{}", self.index),
+        ]);
         let _ = self.net.remove(|r| {
             let me = Some(host_addr(self.index));
             r.from == me || r.to == me
@@ -582,6 +611,20 @@ mod tests {
         assert!(left.contains(&live), "{live} kept: {left}");
         let status = sleeper.wait().expect("wait");
         assert!(!status.success(), "what ran in it was killed: {status}");
+    }
+
+    /// A dropped host's index is free at once, even while its namespace
+    /// lingers (a process not yet gone holds it; here an open handle does):
+    /// the next host at that index links up.
+    #[test]
+    fn a_dropped_hosts_index_is_reused_at_once() {
+        let net = Network::new().expect("network");
+        let a = net.add_host_at("a", 20).expect("host a");
+        let held = std::fs::File::open(format!("/run/netns/{}", a.name())).expect("open");
+        drop(a);
+        let b = net.add_host_at("b", 20).expect("a host at the freed index");
+        assert_eq!(b.addr(), host_addr(20));
+        drop(held);
     }
 
     /// Hosts reach each other through the router; a cut stops that both

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::netns::Host;
 use crate::tansu::{spawn_from_long_lived_thread, tie_to_parent};
 
 /// The bucket every test prefix lives in.
@@ -29,9 +30,11 @@ pub fn default_bin() -> PathBuf {
 
 /// A running moto server. Dropping it kills the server and reaps it.
 pub struct S3Server {
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT`, or `http://10.77.k.2:9000` on a host.
     pub endpoint: String,
     child: Child,
+    /// The network namespace it serves in ([`S3Server::start_on`]).
+    host: Option<Host>,
 }
 
 impl S3Server {
@@ -66,21 +69,73 @@ impl S3Server {
         let mut server = S3Server {
             endpoint: format!("http://127.0.0.1:{port}"),
             child,
+            host: None,
         };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// moto on `host` (a namespace of a test network, [`crate::netns`]),
+    /// listening on the host's address, port 9000: a server the test can
+    /// cut off. Reach it from another host of the network, or with
+    /// [`S3Server::reach`].
+    pub fn start_on(
+        host: &Host,
+        bin: Option<PathBuf>,
+        log: Option<&Path>,
+    ) -> Result<S3Server, String> {
+        let bin = bin.unwrap_or_else(default_bin);
+        let stderr = match log {
+            Some(p) => Stdio::from(
+                std::fs::File::create(p).map_err(|e| format!("create {}: {e}", p.display()))?,
+            ),
+            None => Stdio::null(),
+        };
+        let addr = host.addr().to_string();
+        let mut cmd = host.command(&bin);
+        cmd.args(["-H", &addr, "-p", "9000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        tie_to_parent(&mut cmd);
+        let child = spawn_from_long_lived_thread(cmd)
+            .map_err(|e| format!("start {} in {}: {e}", bin.display(), host.name()))?;
+        let mut server = S3Server {
+            endpoint: format!("http://{addr}:9000"),
+            child,
+            host: Some(host.clone()),
+        };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + READY_WITHIN;
         loop {
-            if let Ok(Some(status)) = server.child.try_wait() {
+            if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!("moto_server exited during startup ({status})"));
             }
-            match request(&server.endpoint, "GET", "/", &[], b"") {
-                Ok((200, _)) => break,
+            let endpoint = self.endpoint.clone();
+            match self.reach(move || request(&endpoint, "GET", "/", &[], b"")) {
+                Ok(Ok((200, _))) => return Ok(()),
                 _ if Instant::now() > deadline => {
-                    return Err(format!("moto_server not ready on port {port} within 30 s"))
+                    return Err(format!(
+                        "moto_server not ready at {} within 30 s",
+                        self.endpoint
+                    ))
                 }
                 _ => std::thread::sleep(Duration::from_millis(100)),
             }
         }
-        Ok(server)
+    }
+
+    /// Runs `f` where the server is reachable: in its host's namespace
+    /// (on a thread of its own), or here.
+    pub fn reach<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, String> {
+        match &self.host {
+            Some(h) => h.enter(f),
+            None => Ok(f()),
+        }
     }
 
     /// The server's process id (to sample its CPU time).

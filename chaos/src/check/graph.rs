@@ -6,9 +6,55 @@ use std::collections::{BTreeMap, HashMap};
 
 use arrow_array::RecordBatch;
 use futures::TryStreamExt;
+use graphsink_testkit::Host;
 use serde_json::Value;
 
 use super::Res;
+
+/// Where a graph is and how plain Lance reaches it: a local path, or an
+/// `s3://` root with the object store's options, served from a network
+/// namespace (`host`) that the harness's own threads must enter to reach.
+#[derive(Clone)]
+pub(crate) struct GraphRoot {
+    pub uri: String,
+    pub storage: HashMap<String, String>,
+    pub host: Option<Host>,
+}
+
+impl GraphRoot {
+    pub(crate) fn local(path: &str) -> GraphRoot {
+        GraphRoot {
+            uri: path.to_string(),
+            storage: HashMap::new(),
+            host: None,
+        }
+    }
+
+    /// Runs `read` against this root: here, or on a thread of its own that
+    /// entered the host's namespace, with a runtime of its own (the object
+    /// store's connections are made where its tasks run).
+    async fn read<T, F>(&self, read: impl FnOnce(GraphRoot) -> F + Send + 'static) -> Res<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Res<T>>,
+    {
+        let Some(host) = self.host.clone() else {
+            return read(self.clone()).await;
+        };
+        let root = self.clone();
+        tokio::task::spawn_blocking(move || {
+            host.enter(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("runtime: {e}"))?;
+                rt.block_on(read(root))
+            })?
+        })
+        .await
+        .map_err(|e| format!("graph read: {e}"))?
+    }
+}
 
 /// The graph at its head commit, read with plain Lance.
 pub(crate) struct Snapshot {
@@ -20,9 +66,11 @@ pub(crate) struct Snapshot {
     pub rejects: Vec<Value>,
 }
 
-async fn open(root: &str, table: &str, version: Option<u64>) -> Res<lance::Dataset> {
-    let uri = format!("{root}/{table}");
-    let ds = lance::Dataset::open(&uri)
+async fn open(root: &GraphRoot, table: &str, version: Option<u64>) -> Res<lance::Dataset> {
+    let uri = format!("{}/{table}", root.uri);
+    let ds = lance::dataset::builder::DatasetBuilder::from_uri(&uri)
+        .with_storage_options(root.storage.clone())
+        .load()
         .await
         .map_err(|e| format!("open {uri}: {e}"))?;
     match version {
@@ -69,7 +117,12 @@ fn payload(row: &Value) -> Res<Value> {
 
 /// The schema version of the head graph commit (0 before any schema
 /// commit).
-pub(crate) async fn schema_version(root: &str) -> Res<u64> {
+pub(crate) async fn schema_version(root: &GraphRoot) -> Res<u64> {
+    root.read(|root| async move { schema_version_here(&root).await })
+        .await
+}
+
+async fn schema_version_here(root: &GraphRoot) -> Res<u64> {
     let manifest = open(root, "__manifest", None).await?;
     let head = rows(&manifest, Some("object_id = 'graph_head:main'")).await?;
     let head = payload(head.first().ok_or("no graph_head:main in __manifest")?)?;
@@ -79,7 +132,12 @@ pub(crate) async fn schema_version(root: &str) -> Res<u64> {
 /// Reads the head graph commit and every table at the version it pins.
 /// Also checks the commit log: every commit's pinned versions open, and
 /// the commits form one chain of consecutive sequence numbers.
-pub(crate) async fn snapshot(root: &str) -> Res<Snapshot> {
+pub(crate) async fn snapshot(root: &GraphRoot) -> Res<Snapshot> {
+    root.read(|root| async move { snapshot_here(&root).await })
+        .await
+}
+
+async fn snapshot_here(root: &GraphRoot) -> Res<Snapshot> {
     let manifest = open(root, "__manifest", None).await?;
     let head = rows(&manifest, Some("object_id = 'graph_head:main'")).await?;
     let head = payload(head.first().ok_or("no graph_head:main in __manifest")?)?;

@@ -21,9 +21,10 @@ use std::collections::BTreeMap;
 use rdkafka::config::ClientConfig;
 use serde_json::Value;
 
+use crate::reach::Reach;
 use crate::workload::EXPECT;
 
-pub(crate) use graph::{schema_version, snapshot};
+pub(crate) use graph::{schema_version, snapshot, GraphRoot};
 pub(crate) use judge::{check_committed, check_final};
 pub(crate) use kafka::{committed, CommitSampler, Tail};
 pub(crate) use stream::expected;
@@ -75,10 +76,8 @@ impl Msg {
     }
 }
 
-fn client(bootstrap: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap)
-        .set("enable.auto.commit", "false")
-        .set("log_level", "3");
+fn client(kafka: &Reach) -> ClientConfig {
+    let mut c = kafka.config();
+    c.set("enable.auto.commit", "false").set("log_level", "3");
     c
 }

@@ -83,7 +83,7 @@ async fn disk_phase(env: &Env, seed: u64, mnt: &Path, r: &mut PhaseReport) -> Re
             p = st.spawn(env, None)?;
         }
     }
-    st.stop_and_finish(p, env, &mut main, r).await
+    st.stop_and_finish(p, env, Some(&mut main), r).await
 }
 
 /// Bytes free at `p` for an unprivileged writer.

@@ -80,7 +80,7 @@ pub(super) async fn kills(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()> 
             )
         );
         if rng.random_bool(0.5) {
-            if let Err(e) = st.audit(env, &main, r, &label).await {
+            if let Err(e) = st.audit(env, r, &label).await {
                 r.errors.push(format!("{label}: audit: {e}"));
             }
         }
@@ -89,7 +89,7 @@ pub(super) async fn kills(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()> 
             tokio::time::sleep(SESSION + Duration::from_secs(1) - waited).await;
         }
     }
-    st.finish(env, &mut main, r).await?;
+    st.finish(env, Some(&mut main), r).await?;
     keep_on_failure(&st, r);
     Ok(())
 }

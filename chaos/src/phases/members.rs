@@ -31,10 +31,10 @@ pub(super) async fn members(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()
     )?;
     let dlq = Broker::memory(&env.backend, env.work.join("broker-dead-letters.log"))?;
     let mut st = Stage::new(env, "members", seed, &main, &dlq, None).await?;
-    shard_by_partition(env, &st)?;
+    shard_by_partition(&st, &env.args.group_protocol)?;
     r.group_protocol = env.args.group_protocol.clone();
     let sampler = check::CommitSampler::start(
-        &main.bootstrap,
+        &main.reach(),
         &st.group,
         st.topics
             .mapped()
@@ -68,17 +68,18 @@ pub(super) async fn members(env: &Env, seed: u64, r: &mut PhaseReport) -> Res<()
     g.respawn_exited(&st, &mut main, r).await?;
     g.stop_all(r).await;
     tokio::time::sleep(SESSION + Duration::from_secs(1)).await;
-    st.finish(env, &mut main, r).await?;
+    st.finish(env, Some(&mut main), r).await?;
     keep_on_failure(&st, r);
     Ok(())
 }
 
-/// The stage's config with partition sharding and `--group-protocol`.
-fn shard_by_partition(env: &Env, st: &Stage) -> Res<()> {
+/// The stage's config with partition sharding and the group protocol
+/// `protocol` (`--group-protocol`).
+pub(super) fn shard_by_partition(st: &Stage, protocol: &str) -> Res<()> {
     let text = std::fs::read_to_string(&st.config).map_err(|e| e.to_string())?;
     let text = text.replace("[wal]\nbuckets = 2", "[wal]\nsharding = \"partition\"");
     let session = "\"session.timeout.ms\" = \"6000\"";
-    let text = match env.args.group_protocol.as_str() {
+    let text = match protocol {
         "range" => text,
         "cooperative-sticky" => text.replace(
             session,

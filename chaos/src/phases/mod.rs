@@ -1,5 +1,7 @@
-//! The phases, one file each, and the crash windows they aim at.
+//! The phases, one file each, and the crash windows they aim at; the
+//! `cluster` set in `cluster/`.
 
+pub(crate) mod cluster;
 mod disk;
 mod kills;
 mod members;
@@ -15,6 +17,17 @@ use crate::check::Res;
 use crate::report::PhaseReport;
 use crate::stage::Env;
 use outage::Outage;
+
+/// The single-broker phases, in the order a full run takes them.
+pub(crate) const SINGLE: &[&str] = &[
+    "kills",
+    "freeze",
+    "dead-letters",
+    "restarts",
+    "disk",
+    "members",
+    "migrate",
+];
 
 /// The crash windows graphsink names (docs/ARCHITECTURE.md, "Failpoints").
 /// A test below keeps this list and that table the same.

@@ -100,7 +100,7 @@ pub(super) async fn outage(env: &Env, seed: u64, kind: Outage, r: &mut PhaseRepo
             // `--exit-at-end` run at once, which must not end before the
             // partitions the departed member held are at their end.
             tokio::time::sleep(Duration::from_secs(3)).await;
-            return st.stop_and_finish_at_once(p, env, &mut main, r).await;
+            return st.stop_and_finish_at_once(p, env, Some(&mut main), r).await;
         }
         // Let it recover while the producer goes on; restart it if it gave up.
         let recover = Instant::now() + Duration::from_secs(15);
@@ -111,7 +111,7 @@ pub(super) async fn outage(env: &Env, seed: u64, kind: Outage, r: &mut PhaseRepo
             }
         }
     }
-    st.stop_and_finish(p, env, &mut main, r).await
+    st.stop_and_finish(p, env, Some(&mut main), r).await
 }
 
 /// The phase's broker and dead-letter broker.

@@ -324,9 +324,30 @@ fn drain(
                     }
                 }
             }
+            // librdkafka reconnects by itself; READ_STALL bounds the wait.
+            Some(Err(e)) if passing(&e) => {}
             Some(Err(e)) => return Err(fail("read the dead-letter topics".into(), names)(e)),
         }
     }
+}
+
+/// Trouble with a connection, which librdkafka reports and then retries by
+/// itself, as the run loop's consumer treats it: a broker that restarted
+/// (the reader is kept between reads, so its failed connection is reported
+/// at the next read's first poll), a handshake a proxy cut, every broker
+/// down for a while. A read goes on through it; anything else fails it.
+fn passing(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::BrokerTransportFailure
+                | C::AllBrokersDown
+                | C::Resolve
+                | C::OperationTimedOut
+                | C::RequestTimedOut
+        )
+    )
 }
 
 /// Whether reading is allowed: a fetch at each partition's end, until
@@ -391,4 +412,37 @@ fn note_message(m: &BorrowedMessage<'_>, found: &mut Found, todo: &mut Todo) {
         .entry(tp.1)
         .or_insert(0);
     *end = (*end).max(m.offset() + 1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read of the dead-letter topics goes on through connection
+    /// trouble librdkafka retries (the chaos cluster phases saw a reader
+    /// kept across a rolling restart fail its next read, and a stop then
+    /// exit 1), and stops at anything else.
+    #[test]
+    fn connection_trouble_passes_and_nothing_else() {
+        use RDKafkaErrorCode as C;
+        for code in [
+            C::BrokerTransportFailure,
+            C::AllBrokersDown,
+            C::Resolve,
+            C::OperationTimedOut,
+            C::RequestTimedOut,
+        ] {
+            assert!(passing(&KafkaError::MessageConsumption(code)), "{code:?}");
+            assert!(passing(&KafkaError::Global(code)), "{code:?}");
+        }
+        for code in [
+            C::TopicAuthorizationFailed,
+            C::SaslAuthenticationFailed,
+            C::UnknownTopicOrPartition,
+            C::OffsetOutOfRange,
+            C::Fatal,
+        ] {
+            assert!(!passing(&KafkaError::MessageConsumption(code)), "{code:?}");
+        }
+    }
 }
