@@ -36,7 +36,7 @@ use crate::check::{GraphRoot, Res};
 use crate::cluster::{Exit, Process};
 use crate::reach::Reach;
 use crate::report::PhaseReport;
-use crate::stage::{self, Env, Launch, Site, Stage};
+use crate::stage::{self, Env, Launch, Site, Stage, SESSION};
 
 pub(crate) use meter::Meter;
 
@@ -167,6 +167,7 @@ impl Cluster {
             producer_lines: String::new(),
             tansu: false,
             launch: self.launch(member)?,
+            session: SESSION,
         };
         Stage::on(env, name, seed, site, graph.0, &graph.1, rate).await
     }
