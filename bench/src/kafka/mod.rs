@@ -284,10 +284,18 @@ impl Run {
     }
 }
 
-/// Unique per run (to the second), so reruns against a shared broker never
-/// read old data.
+/// Unique per run, so reruns against a shared broker never read old data:
+/// the second, then this process and its count of runs (two runs started
+/// in one second, as the bench's own tests do on parallel threads, made
+/// one topic twice: `TopicAlreadyExists`).
 fn new_run_id() -> String {
-    chrono::Utc::now().format("%Y%m%d%H%M%S").to_string()
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "{}-{}-{n}",
+        chrono::Utc::now().format("%Y%m%d%H%M%S"),
+        std::process::id()
+    )
 }
 
 /// The workload's topics of run `run_id`: nodes, and edges with an edge mix.
