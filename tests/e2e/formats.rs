@@ -89,6 +89,10 @@ fn unhex(hex: &str) -> Vec<u8> {
         .collect()
 }
 
+/// How long one sr_encode.py job may take (its registry requests time out
+/// after 30 s each and are retried).
+const ENCODE_BOUND: std::time::Duration = std::time::Duration::from_secs(180);
+
 /// Runs one sr_encode.py job, keys and all.
 fn encode_keyed(registry: &str, topic: &str, job: Value) -> Vec<Encoded> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/sr_encode.py");
@@ -108,10 +112,23 @@ fn encode_keyed(registry: &str, topic: &str, job: Value) -> Vec<Encoded> {
         .unwrap()
         .write_all(job.to_string().as_bytes())
         .unwrap();
+    // A bound, so a registry that never answers fails the test rather than
+    // hanging CI (Apicurio once kept a request unanswered for 15 minutes).
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (pid, seen) = (child.id() as libc::pid_t, done.clone());
+    std::thread::spawn(move || {
+        std::thread::sleep(ENCODE_BOUND);
+        if !seen.load(std::sync::atomic::Ordering::SeqCst) {
+            // SAFETY: kill(2) on our own child, not yet reaped (`done` unset).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
     let out = child.wait_with_output().unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(
         out.status.success(),
-        "sr_encode.py: {}",
+        "sr_encode.py ({:?}; killed if still running after {ENCODE_BOUND:?}): {}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout)

@@ -71,7 +71,9 @@ def plain(v):
 def main():
     url, topic = sys.argv[1], sys.argv[2]
     job = json.load(sys.stdin)
-    conf = {"url": url, **job.get("registry", {})}
+    # A timeout (the client's default is none): a request the registry never
+    # answers is retried on a new connection rather than waited on forever.
+    conf = {"url": url, "timeout": 30, **job.get("registry", {})}
     client = SchemaRegistryClient(conf)
     ctx = SerializationContext(topic, MessageField.VALUE)
     # Each deserializer has a client of its own: it fetches the writer
