@@ -16,6 +16,8 @@
 # with apt-get, each once, when missing.
 #
 #   bash scripts/check-deploy.sh
+#   bash scripts/check-deploy.sh --install   only the installs (scripts/test.sh
+#                                            runs them during its build)
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -163,6 +165,7 @@ main() {
     cd "$GRAPHSINK_REPO"
     ensure_check_jsonschema
     ensure_promtool
+    [ "${1:-}" = --install ] && return 0
     local tmp
     tmp="$(mktemp -d "${TMPDIR:-/tmp}/graphsink-check-deploy.XXXXXX")"
     # shellcheck disable=SC2064  # expand $tmp now

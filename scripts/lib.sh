@@ -157,7 +157,7 @@ use_broker() {
     case "${GRAPHSINK_TEST_BROKER_BACKEND:-kafka}" in
         kafka) ensure_kafka; start_kafka ;;
         tansu) ensure_tansu; start_tansu ;;
-        containers) log "broker backend: Kafka in a container (the tests start it; needs Docker and --features graphsink-testkit/containers)" ;;
+        containers) log "broker backend: Kafka in a container (the tests start it; needs Docker)" ;;
         *) die "GRAPHSINK_TEST_BROKER_BACKEND=${GRAPHSINK_TEST_BROKER_BACKEND}: expected kafka (the default), tansu or containers" ;;
     esac
 }

@@ -18,6 +18,9 @@
 # GRAPHSINK_DEBEZIUM_ONE_PASS=1  sink everything in one pass after the changes
 #                         (graphsink starts late, as after downtime), then fold
 #                         again after shop.toml's endpoint_deadline (1m)
+# --install               only the installs (PostgreSQL, Kafka, Connect and
+#                         Debezium), then exit (scripts/test.sh runs them
+#                         during its build)
 # GRAPHSINK_BIN           the graphsink binary (default: $CARGO_TARGET_DIR/debug/graphsink,
 #                         built with cargo if missing)
 set -euo pipefail
@@ -192,6 +195,13 @@ wait_for_records() {
 }
 
 # --- main --------------------------------------------------------------------
+
+if [ "${1:-}" = --install ]; then
+    ensure_postgres
+    ensure_kafka
+    ensure_debezium
+    exit 0
+fi
 
 work="${GRAPHSINK_DEBEZIUM_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/graphsink-debezium.XXXXXX")}"
 case "$work" in /*) ;; *) work="$PWD/$work" ;; esac

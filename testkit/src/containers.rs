@@ -1,8 +1,10 @@
 //! The second broker backend: Apache Kafka (KRaft, the apache/kafka-native
 //! image) in a container through testcontainers, where a Docker engine
 //! exists. Selected by `GRAPHSINK_TEST_BROKER_BACKEND=containers`; the
-//! default is Apache Kafka run from its Maven jars (crate::kafka). Needs the `containers` feature; without it `start`
-//! says how to get it. CI has no Docker engine: it only compiles this.
+//! default is Apache Kafka run from its Maven jars (crate::kafka). Needs the
+//! `containers` feature, which the e2e tests' build turns on (a build without
+//! it, the bench's or the chaos harness's alone, gets a `start` that says so).
+//! CI has no Docker engine: it only compiles and lints this.
 
 pub use crate::broker::BACKEND_VAR;
 
@@ -41,6 +43,6 @@ pub fn start() -> Result<KafkaContainer, String> {
 pub fn start() -> Result<KafkaContainer, String> {
     Err(format!(
         "{BACKEND_VAR}=containers needs graphsink-testkit's `containers` feature: \
-         cargo test -p graphsink --features graphsink-testkit/containers"
+         build with --features graphsink-testkit/containers"
     ))
 }
