@@ -248,12 +248,14 @@ async fn sizes_mode(a: &Args, dir: &Path) -> Result<(), BoxError> {
         p.rows, p.sizes, p.buckets
     );
     let probes = size::run(dir, &p).await?;
-    println!("| rows before | type | fold s | read | view | check | write | publish | rejects | fragments |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    // `write` is the passes alone; `compact` and `index` were in it before
+    // 2026-12-07 (graphsink_fold_phase_seconds split them out).
+    println!("| rows before | type | fold s | read | view | check | write | compact | index | publish | rejects | fragments |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in &probes {
         let s = &p.stages;
         println!(
-            "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} |",
+            "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} |",
             p.size,
             p.kind,
             p.fold_secs,
@@ -261,6 +263,8 @@ async fn sizes_mode(a: &Args, dir: &Path) -> Result<(), BoxError> {
             s.view,
             s.check,
             s.write,
+            s.compact,
+            s.index,
             s.publish,
             p.rejects,
             p.table_fragments
@@ -374,6 +378,18 @@ mod tests {
         let lat = r.durable_ack_latency.expect("durable-ack latency measured");
         assert_eq!(lat.samples, 1000, "every paced record seen committed");
         assert_eq!(r.graph_visible_unseen, 0);
+        // The paced folds' phases, every one of them, from graphsink's metrics.
+        let phases: Vec<&str> = r
+            .fold_phases_paced
+            .iter()
+            .map(|p| p.phase.as_str())
+            .collect();
+        assert_eq!(phases.len(), 10, "{phases:?}");
+        assert!(
+            r.fold_phases_paced.iter().all(|p| p.folds >= 1),
+            "{:?}",
+            r.fold_phases_paced
+        );
         assert!(r.bare_durable_ack_latency.is_some());
         assert!(r.fold_rows == 4000 && r.fold_upserted > 0);
         assert_eq!(r.graphsink_run_loop.rejected, 0, "{format}");

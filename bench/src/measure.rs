@@ -434,3 +434,37 @@ fn quoted(props: &[(String, String)]) -> String {
         .map(|(k, v)| format!("{k:?} = {v:?}\n"))
         .collect::<String>()
 }
+
+/// One phase of graphsink's folds in a run: how many folds, and the mean
+/// wall time per fold (`graphsink_fold_phase_seconds`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct FoldPhase {
+    pub phase: String,
+    pub folds: u64,
+    pub mean_s: f64,
+}
+
+/// The fold phases of a run, in the fold's order, from graphsink's own
+/// metrics (what a Prometheus scrape sees).
+pub(crate) fn fold_phases(metrics: &Metrics) -> Vec<FoldPhase> {
+    let text = metrics.encode();
+    let value = |kind: &str, phase: &str| -> f64 {
+        let start = format!("graphsink_fold_phase_seconds_{kind}{{phase=\"{phase}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(start.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    graphsink::testing::StageTimes::default()
+        .phases()
+        .iter()
+        .map(|(phase, _)| {
+            let folds = value("count", phase) as u64;
+            FoldPhase {
+                phase: phase.to_string(),
+                folds,
+                mean_s: value("sum", phase) / folds.max(1) as f64,
+            }
+        })
+        .collect()
+}

@@ -74,6 +74,8 @@ pub(crate) struct Report {
     pub bare_durable_ack_latency: Option<Latency>,
     pub graph_visible_unseen: usize,
     pub published_missed: u64,
+    /// The folds' phases under the paced producer (mean per fold).
+    pub fold_phases_paced: Vec<crate::measure::FoldPhase>,
     pub commit_sample_interval_ms: u64,
     pub fold_rows: u64,
     pub fold_secs: f64,
@@ -286,6 +288,19 @@ impl Report {
         );
         println!("  (paced {} records/s, {} records; {} never seen visible; {} published commits missed by the watch)",
             self.latency_rate_records_per_s, self.latency_records, self.graph_visible_unseen, self.published_missed);
+        if let Some(first) = self.fold_phases_paced.first() {
+            let phases: Vec<String> = self
+                .fold_phases_paced
+                .iter()
+                .map(|p| format!("{} {:.3}", p.phase, p.mean_s))
+                .collect();
+            println!(
+                "fold phases, paced      mean s per fold over {} folds: {} (sum {:.3})",
+                first.folds,
+                phases.join(", "),
+                self.fold_phases_paced.iter().map(|p| p.mean_s).sum::<f64>()
+            );
+        }
         println!(
             "fold                    {} rows in {:.2} s = {:.0} rows/s ({} upserted), peak RSS {} (child process, {} before the fold)",
             self.fold_rows,

@@ -213,6 +213,8 @@ pub(crate) struct LiveRun {
     pub unseen: usize,
     pub missed: u64,
     pub records: usize,
+    /// Where the folds' time went under the paced producer.
+    pub fold_phases: Vec<measure::FoldPhase>,
 }
 
 /// Runs the connector without `exit_at_end` while a paced producer writes
@@ -296,6 +298,7 @@ pub(crate) async fn live(
         unseen,
         missed: published.missed,
         records: recs.len(),
+        fold_phases: measure::fold_phases(&stats),
     })
 }
 

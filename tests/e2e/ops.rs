@@ -647,6 +647,9 @@ async fn prometheus_scrapes_offsets_rejects_and_folds() {
         |r| r.len() == 1 && sample(&r[0]) == 1.0,
     )
     .await;
+    // The run has stopped, so no fold ends between two families' lines.
+    let (_, _, text) = get(&addr.to_string(), "/metrics").await;
+    fold_phases_add_up(&text);
 
     // Every query of the example dashboard evaluates against this scrape
     // and returns data (the test job is named as in deploy/, `graphsink`).
@@ -661,6 +664,52 @@ async fn prometheus_scrapes_offsets_rejects_and_folds() {
     );
     std::fs::write(&targets, "[]").expect("clear the targets file");
     http_stop.cancel();
+}
+
+/// `graphsink_fold_phase_seconds` has every phase once per published fold,
+/// and the phases add up to `graphsink_fold_seconds` (they are laps of one
+/// clock, so a phase left out or counted twice shows).
+fn fold_phases_add_up(text: &str) {
+    const PHASES: [&str; 10] = [
+        "cut",
+        "plan",
+        "read",
+        "view",
+        "check",
+        "write",
+        "compact",
+        "index",
+        "publish",
+        "dead_letters",
+    ];
+    let value = |line_start: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(line_start))
+            .unwrap_or_else(|| panic!("no `{line_start}` in the scrape:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let folds = value("graphsink_fold_seconds_count ");
+    let total = value("graphsink_fold_seconds_sum ");
+    assert!(folds >= 2.0, "folds: {folds}");
+    let mut sum = 0.0;
+    for phase in PHASES {
+        let count = value(&format!(
+            "graphsink_fold_phase_seconds_count{{phase=\"{phase}\"}} "
+        ));
+        assert_eq!(count, folds, "{phase}: one observation per published fold");
+        sum += value(&format!(
+            "graphsink_fold_phase_seconds_sum{{phase=\"{phase}\"}} "
+        ));
+    }
+    assert!(
+        sum <= total && sum >= total - 0.05 * folds,
+        "the phases add up to {sum} s, the folds took {total} s"
+    );
+    assert!(
+        value("graphsink_fold_phase_seconds_sum{phase=\"cut\"} ") > 0.0,
+        "a cut waits for at least one flush"
+    );
 }
 
 /// The PromQL of every panel of deploy/'s Grafana dashboard.

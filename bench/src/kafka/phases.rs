@@ -197,6 +197,7 @@ impl Run {
         r.graph_visible_latency = Latency::of(live.visible_ms);
         r.graph_visible_unseen = live.unseen;
         r.published_missed = live.missed;
+        r.fold_phases_paced = live.fold_phases;
         let bare_records = self.bare_latency(a, settle, live.records, r).await?;
 
         let Some((s3, out)) = s3 else { return Ok(()) };

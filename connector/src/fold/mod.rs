@@ -74,20 +74,52 @@ pub struct Folded {
     pub stages: StageTimes,
 }
 
-/// Wall time of each stage of one `execute`, in seconds (for the bench and
-/// the fold's log line).
+/// Wall time of each phase of one fold, in seconds: the fold loop's (`cut`,
+/// `plan`, `dead_letters`) and `execute`'s. They add up to the fold's wall
+/// time; exported as `graphsink_fold_phase_seconds` and in the fold's log
+/// line, and read by the bench.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct StageTimes {
+    /// The cut: the run loop's freeze of the memtables and the wait for
+    /// their flushes.
+    pub cut: f64,
+    /// The head and the plan (under partition sharding, a new folder's
+    /// recovery too).
+    pub plan: f64,
     /// Reading the planned generations (`read`).
     pub read: f64,
     /// Reading the base view the checks need (`checks::read_view`).
     pub view: f64,
     /// The checks themselves, on what was read.
     pub check: f64,
-    /// The delete and upsert passes, with in-fold compaction.
+    /// The delete and upsert passes (the merge into the base tables).
     pub write: f64,
+    /// In-fold compaction of small fragments.
+    pub compact: f64,
+    /// The id index kept current (`index`).
+    pub index: f64,
     /// The graph commit (with any re-check on a moved head).
     pub publish: f64,
+    /// The fold's rejects handed to the dead-letter topic, and the mark.
+    pub dead_letters: f64,
+}
+
+impl StageTimes {
+    /// Each phase by its name in `graphsink_fold_phase_seconds`.
+    pub fn phases(&self) -> [(&'static str, f64); 10] {
+        [
+            ("cut", self.cut),
+            ("plan", self.plan),
+            ("read", self.read),
+            ("view", self.view),
+            ("check", self.check),
+            ("write", self.write),
+            ("compact", self.compact),
+            ("index", self.index),
+            ("publish", self.publish),
+            ("dead_letters", self.dead_letters),
+        ]
+    }
 }
 
 /// Executes a plan: read → check → write → publish. Idempotent: tables
@@ -135,8 +167,10 @@ pub async fn execute(graph: &Graph, policies: &Policies, plan: &FoldPlan) -> Pub
     // Kept (batches are shared, not copied) for a re-check on a moved head;
     // its id sets are built only then, not on every fold.
     let changes = write::with_rejects(checked.changes.clone(), plan, &read, &rejects)?;
-    let outcomes = write::write_all(graph, &policies.known_ids, plan, changes).await?;
+    let outcomes = write::write_all(graph, &policies.known_ids, plan, changes, &mut stages).await?;
     lap(&mut stages.write);
+    // `write_all` timed its compactions and index updates on their own.
+    stages.write = (stages.write - stages.compact - stages.index).max(0.0);
     failpoints::hit(failpoints::FOLD_BEFORE_PUBLISH)?;
     let commit = publish_checked(graph, policies, plan, &read, &checked, &outcomes).await?;
     lap(&mut stages.publish);

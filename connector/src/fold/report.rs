@@ -61,6 +61,7 @@ impl Report {
             .iter()
             .map(|(t, s)| (t.clone(), [s.upserted, s.deleted, s.rejected]));
         m.folded(took, oldest_taken, rows);
+        m.fold_phases(stages.phases());
         m.head(commit.seq, commit.created_at);
         for r in &commit.offsets {
             m.folded_offset(&(r.topic.clone(), r.partition), r.last + 1);
@@ -76,11 +77,16 @@ impl Report {
             rows = %summary.join(", "),
             rejects = rejects.len(),
             seconds = took.as_secs_f64(),
+            cut_s = stages.cut,
+            plan_s = stages.plan,
             read_s = stages.read,
             view_s = stages.view,
             check_s = stages.check,
             write_s = stages.write,
+            compact_s = stages.compact,
+            index_s = stages.index,
             publish_s = stages.publish,
+            dead_letters_s = stages.dead_letters,
             "fold published"
         );
         if let Err(e) = self.pending_edges(graph, commit).await {

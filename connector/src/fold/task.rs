@@ -204,6 +204,7 @@ impl FoldLoop {
         let Some(mut limits) = self.take_cut(spans).await? else {
             return Ok(false);
         };
+        let cut = started.elapsed();
         let Some(grace) = self.take_part(&mut limits, spans).await? else {
             return Ok(true);
         };
@@ -227,13 +228,18 @@ impl FoldLoop {
             // by this member or the next folder) checks as this fold does.
             plan.defer_rejects_ms = grace.map(|g| g.as_millis() as u64);
             crate::types::raise_offsets(&mut plan.dead_letter_since, &self.dead_letters.seen());
+            let planned = started.elapsed();
             let Folded {
                 commit,
                 rejects,
-                stages: t,
+                stages: mut t,
             } = execute(&self.graph, &policies, &plan).await?;
             *spans = WrittenSpans::default();
+            let executed = started.elapsed();
             self.deliver(&commit, &rejects).await?;
+            t.cut = cut.as_secs_f64();
+            t.plan = (planned - cut).as_secs_f64();
+            t.dead_letters = (started.elapsed() - executed).as_secs_f64();
             let oldest = self.oldest_taken.take();
             self.report
                 .published(

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow::compute::concat_batches;
@@ -25,6 +26,7 @@ use super::keys::{follow_compaction, known_ids_at, tags};
 use super::plan::{FoldPlan, TablePlan};
 use super::read::ReadSet;
 use super::rows::{pk_of, strings};
+use super::StageTimes;
 use crate::error::{Context, Error, Result};
 use crate::failpoints;
 use crate::graph::{Graph, TableStats};
@@ -106,11 +108,12 @@ pub(crate) async fn write_all(
     known: &KnownIds,
     plan: &FoldPlan,
     changes: BTreeMap<String, Change>,
+    times: &mut StageTimes,
 ) -> Result<Outcomes> {
     let mut outcomes = Outcomes::new();
     for (table, change) in changes {
         let tp = plan.tables.iter().find(|t| t.table == table);
-        let outcome = write_table(graph, known, plan, &table, tp, change).await?;
+        let outcome = write_table(graph, known, plan, &table, tp, change, times).await?;
         outcomes.insert(table, outcome);
     }
     Ok(outcomes)
@@ -167,6 +170,7 @@ async fn write_table(
     table: &str,
     tp: Option<&TablePlan>,
     change: Change,
+    times: &mut StageTimes,
 ) -> Result<TableOutcome> {
     let ds = graph.open_table(table, None).await?;
     if let Some(mut done) = committed_outcome(&ds, &plan.commit_id)
@@ -205,8 +209,12 @@ async fn write_table(
     // place instead of copying every id.
     drop(set);
     let written = ds.clone();
+    let t = Instant::now();
     let ds = w.compact(ds).await?;
+    times.compact += t.elapsed().as_secs_f64();
+    let t = Instant::now();
     let ds = w.index(ds).await?;
+    times.index += t.elapsed().as_secs_f64();
     let moved = moved.filter(|_| written.version().version == from + 1);
     move_known(graph, known, plan, table, moved, &written, &ds).await?;
     // Sum every pass of this plan, including passes of a crashed attempt.

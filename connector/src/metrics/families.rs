@@ -47,6 +47,14 @@ pub(super) struct TableOpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PhaseLabels {
+    pub(super) phase: &'static str,
+}
+
+/// A histogram family: every series gets the same buckets.
+pub(super) type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct TypeLabels {
     pub(super) r#type: String,
 }
@@ -228,6 +236,7 @@ pub(super) struct FoldFamilies {
     pub(super) folds: Counter,
     pub(super) fold_failures: Counter,
     pub(super) fold_seconds: Histogram,
+    pub(super) fold_phase_seconds: Histograms<PhaseLabels>,
     pub(super) fold_rows: Family<TableOpLabels, Counter>,
     pub(super) fold_last_success: FloatGauge,
     pub(super) head_seq: Gauge,
@@ -257,6 +266,16 @@ impl FoldFamilies {
                 "graphsink_fold_seconds",
                 "One fold, cut to publish",
                 Histogram::new(exponential_buckets(0.01, 2.0, 16)),
+            ),
+            // From 1 ms: a fold's cheap phases (the checks, an index
+            // delta) take a few; the same top as `fold_seconds`.
+            fold_phase_seconds: reg(
+                r,
+                "graphsink_fold_phase_seconds",
+                "One published fold's wall time by phase (cut, plan, read, view, check, write, compact, index, publish, dead_letters)",
+                Histograms::new_with_constructor(|| {
+                    Histogram::new(exponential_buckets(0.001, 2.0, 20))
+                }),
             ),
             fold_rows: reg(
                 r,

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::families::{part, TableOpLabels, TypeLabels};
+use super::families::{part, PhaseLabels, TableOpLabels, TypeLabels};
 use super::Metrics;
 use crate::types::{now_ms, TopicPartition};
 
@@ -53,6 +53,16 @@ impl Metrics {
             }
         }
         self.fold.fold_last_success.set(now_ms() as f64 / 1000.0);
+    }
+
+    /// One published fold's wall time by phase (`StageTimes::phases`).
+    pub fn fold_phases(&self, phases: impl IntoIterator<Item = (&'static str, f64)>) {
+        for (phase, secs) in phases {
+            self.fold
+                .fold_phase_seconds
+                .get_or_create(&PhaseLabels { phase })
+                .observe(secs);
+        }
     }
 
     /// The head graph commit (at start and after each publish).
