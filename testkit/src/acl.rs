@@ -80,6 +80,40 @@ impl Acl {
     pub fn on_cluster(user: &str, operation: Operation) -> Acl {
         Acl::allow(user, operation, ResourceType::Cluster, "kafka-cluster")
     }
+
+    /// What graphsink's principal needs for a run with a dead-letter topic
+    /// and fold-reject transactions: the list docs/security.md gives, each
+    /// one shown needed by tests/e2e/security.rs (revoked, the run exits 5
+    /// naming it). DESCRIBE is in none of them: Kafka implies it from READ
+    /// and WRITE.
+    pub fn graphsink_needs(user: &str, topics: &[&str], group: &str, dlq: &str) -> Vec<Acl> {
+        let mut acls: Vec<Acl> = topics
+            .iter()
+            .map(|t| Acl::allow(user, Operation::Read, ResourceType::Topic, t))
+            .collect();
+        acls.push(Acl::allow(
+            user,
+            Operation::Read,
+            ResourceType::Group,
+            group,
+        ));
+        // WRITE for rejects; READ for the fold's read-back of its rejects
+        // before it produces them (docs/dead-letters.md).
+        acls.push(Acl::allow(user, Operation::Write, ResourceType::Topic, dlq));
+        acls.push(Acl::allow(user, Operation::Read, ResourceType::Topic, dlq));
+        // The fold-reject producer's transactional.id is graphsink-fold-<uuid
+        // v5 of the graph root>: a prefix grant covers every root.
+        acls.push(
+            Acl::allow(
+                user,
+                Operation::Write,
+                ResourceType::TransactionalId,
+                "graphsink-fold-",
+            )
+            .prefixed(),
+        );
+        acls
+    }
 }
 
 /// As Kafka's tools print it: `User:graphsink READ TOPIC people (LITERAL)`.

@@ -30,7 +30,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
@@ -38,11 +37,9 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
 
-use crate::tls::acceptor;
+use crate::tls::{acceptor, serve_on_thread, Served};
 
 /// How a registry is reached beyond plain HTTP.
 #[derive(Debug, Clone, Default)]
@@ -89,15 +86,10 @@ struct State {
     required: Option<String>,
 }
 
-struct Server {
-    stop: oneshot::Sender<()>,
-    thread: JoinHandle<()>,
-}
-
 pub struct TestRegistry {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
-    server: Option<Server>,
+    server: Option<Served>,
     tls: Option<TlsAcceptor>,
 }
 
@@ -149,9 +141,8 @@ impl TestRegistry {
     /// Stops serving: the port refuses connections, open ones are closed.
     /// What it holds stays for [`restart`](Self::restart).
     pub fn stop(&mut self) {
-        if let Some(s) = self.server.take() {
-            let _ = s.stop.send(());
-            let _ = s.thread.join();
+        if let Some(mut s) = self.server.take() {
+            s.stop();
         }
     }
 
@@ -229,51 +220,30 @@ fn serve(
     listener: std::net::TcpListener,
     state: Arc<Mutex<State>>,
     tls: Option<TlsAcceptor>,
-) -> io::Result<Server> {
-    listener.set_nonblocking(true)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .build()?;
-    let (stop, mut stopped) = oneshot::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("test-registry".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                let Ok(listener) = TcpListener::from_std(listener) else {
-                    return;
-                };
-                loop {
-                    tokio::select! {
-                        _ = &mut stopped => return,
-                        accepted = listener.accept() => {
-                            let Ok((stream, _)) = accepted else { continue };
-                            let state = Arc::clone(&state);
-                            let tls = tls.clone();
-                            tokio::spawn(async move {
-                                let service = hyper::service::service_fn(move |req| {
-                                    let state = Arc::clone(&state);
-                                    async move { Ok::<_, Infallible>(handle(state, req).await) }
-                                });
-                                let http = hyper::server::conn::http1::Builder::new();
-                                match tls {
-                                    // A failed handshake (a client that does not
-                                    // trust the certificate) ends the connection.
-                                    Some(tls) => if let Ok(stream) = tls.accept(stream).await {
-                                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
-                                    },
-                                    None => {
-                                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
-                                    }
-                                }
-                            });
-                        }
+) -> io::Result<Served> {
+    serve_on_thread("test-registry", listener, move |stream| {
+        let state = Arc::clone(&state);
+        let tls = tls.clone();
+        async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = Arc::clone(&state);
+                async move { Ok::<_, Infallible>(handle(state, req).await) }
+            });
+            let http = hyper::server::conn::http1::Builder::new();
+            match tls {
+                // A failed handshake (a client that does not trust the
+                // certificate) ends the connection.
+                Some(tls) => {
+                    if let Ok(stream) = tls.accept(stream).await {
+                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
                     }
                 }
-            });
-            // Dropping the runtime closes the open connections.
-        })?;
-    Ok(Server { stop, thread })
+                None => {
+                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                }
+            }
+        }
+    })
 }
 
 async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Response<Full<Bytes>> {

@@ -67,13 +67,78 @@ fn pem_blocks(path: &std::path::Path, label: &str) -> io::Result<Vec<Vec<u8>>> {
     Ok(out)
 }
 
+/// A server on a thread of its own (a current-thread runtime): each
+/// connection `listener` accepts goes to `conn` on a task of its own.
+/// Dropping it (or [`Served::stop`]) stops accepting and closes what is open.
+pub(crate) struct Served {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+pub(crate) fn serve_on_thread<F, Fut>(
+    name: &str,
+    listener: std::net::TcpListener,
+    conn: F,
+) -> io::Result<Served>
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
+    let (stop, mut stopped) = oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let Ok(listener) = TcpListener::from_std(listener) else {
+                    return;
+                };
+                loop {
+                    tokio::select! {
+                        _ = &mut stopped => return,
+                        accepted = listener.accept() => {
+                            let Ok((stream, _)) = accepted else { continue };
+                            tokio::spawn(conn(stream));
+                        }
+                    }
+                }
+            });
+            // Dropping the runtime closes the open connections.
+        })?;
+    Ok(Served {
+        stop: Some(stop),
+        thread: Some(thread),
+    })
+}
+
+impl Served {
+    /// Stops accepting, closes the open connections, joins the thread.
+    pub(crate) fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// A TLS front on a free loopback port for the plain server at
 /// `upstream`: every connection's TLS ends here and its bytes go on to the
 /// server as they are. Dropping it stops accepting and closes what is open.
 pub struct TlsFront {
     addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    _served: Served,
 }
 
 impl TlsFront {
@@ -81,59 +146,29 @@ impl TlsFront {
     pub fn start(upstream: SocketAddr, cert: &Path, key: &Path) -> io::Result<TlsFront> {
         let tls = acceptor(cert, key)?;
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()?;
-        let (stop, mut stopped) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("tls-front".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let Ok(listener) = TcpListener::from_std(listener) else {
-                        return;
-                    };
-                    loop {
-                        tokio::select! {
-                            _ = &mut stopped => return,
-                            accepted = listener.accept() => {
-                                let Ok((stream, _)) = accepted else { continue };
-                                let tls = tls.clone();
-                                tokio::spawn(async move {
-                                    // A client that does not trust the
-                                    // certificate ends at the handshake.
-                                    let Ok(mut front) = tls.accept(stream).await else { return };
-                                    let Ok(mut back) = TcpStream::connect(upstream).await else {
-                                        return;
-                                    };
-                                    let _ = tokio::io::copy_bidirectional(&mut front, &mut back).await;
-                                });
-                            }
-                        }
-                    }
-                });
-            })?;
+        let served = serve_on_thread("tls-front", listener, move |stream| {
+            let tls = tls.clone();
+            async move {
+                // A client that does not trust the certificate ends at
+                // the handshake.
+                let Ok(mut front) = tls.accept(stream).await else {
+                    return;
+                };
+                let Ok(mut back) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut front, &mut back).await;
+            }
+        })?;
         Ok(TlsFront {
             addr,
-            stop: Some(stop),
-            thread: Some(thread),
+            _served: served,
         })
     }
 
     /// `https://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("https://{}", self.addr)
-    }
-}
-
-impl Drop for TlsFront {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }

@@ -17,39 +17,6 @@ use serde_json::json;
 
 use crate::harness::{read_table, unique, SCHEMA};
 
-/// What graphsink's principal needs for a run with a dead-letter topic
-/// and fold-reject transactions: the list docs/security.md gives, each one
-/// shown needed by tests/e2e/security.rs (revoked, the run exits 5 naming
-/// it). DESCRIBE is in none of them: Kafka implies it from READ and WRITE.
-pub(crate) fn graphsink_acls(user: &str, topics: &[&str], group: &str, dlq: &str) -> Vec<Acl> {
-    let mut acls: Vec<Acl> = topics
-        .iter()
-        .map(|t| Acl::allow(user, Operation::Read, ResourceType::Topic, t))
-        .collect();
-    acls.push(Acl::allow(
-        user,
-        Operation::Read,
-        ResourceType::Group,
-        group,
-    ));
-    // WRITE for rejects; READ for the fold's read-back of its rejects
-    // before it produces them (docs/dead-letters.md).
-    acls.push(Acl::allow(user, Operation::Write, ResourceType::Topic, dlq));
-    acls.push(Acl::allow(user, Operation::Read, ResourceType::Topic, dlq));
-    // The fold-reject producer's transactional.id is graphsink-fold-<uuid
-    // v5 of the graph root>: a prefix grant covers every root.
-    acls.push(
-        Acl::allow(
-            user,
-            Operation::Write,
-            ResourceType::TransactionalId,
-            "graphsink-fold-",
-        )
-        .prefixed(),
-    );
-    acls
-}
-
 /// Runs `graphsink run --exit-at-end` on `host` and returns its exit
 /// status and standard error; kills it (and fails) past `within`.
 fn run_to_end(
@@ -114,7 +81,7 @@ fn graphsink_ingests_from_a_secured_three_node_cluster() {
     let producer_acls = [Operation::Write, Operation::Describe]
         .map(|op| Acl::allow("producer", op, ResourceType::Topic, &topic));
     cluster.grant(&producer_acls).expect("producer ACLs");
-    let acls = graphsink_acls("graphsink", &[&topic], &group, &dlq);
+    let acls = Acl::graphsink_needs("graphsink", &[&topic], &group, &dlq);
     cluster.grant(&acls).expect("graphsink ACLs");
     let listed = cluster.acls().expect("list ACLs");
     for a in acls.iter().chain(&producer_acls) {

@@ -473,6 +473,15 @@ impl TestGraph {
         read_table(&g, table, head.tables[table]).await
     }
 
+    /// Each `Person`'s id and age at the head commit, in id order.
+    pub(crate) async fn person_ages(&self) -> Vec<(String, Option<i64>)> {
+        self.rows("nodes/Person")
+            .await
+            .into_iter()
+            .map(|(id, r)| (id, r["age"].as_i64()))
+            .collect()
+    }
+
     /// Runs the real binary to completion (its stderr checked: `binary`).
     pub(crate) fn cli(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
         let mut cmd = binary::graphsink();

@@ -89,12 +89,7 @@ async fn lands_over_tls_with_basic_auth(url: &str, ca: &Path, password: &str, va
     assert_eq!(code, Some(0), "graphsink run failed:\n{stderr}");
     assert!(!stderr.contains(password), "the password is never logged");
     std::env::set_var(var, password);
-    let ages: Vec<(String, Option<i64>)> = tg
-        .rows("nodes/Person")
-        .await
-        .into_iter()
-        .map(|(id, r)| (id, r["age"].as_i64()))
-        .collect();
+    let ages = tg.person_ages().await;
     assert_eq!(
         ages,
         [

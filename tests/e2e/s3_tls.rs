@@ -63,12 +63,7 @@ async fn an_s3_root_over_tls_trusts_a_private_ca_through_ssl_cert_file() {
 
     // Read back straight from the server, over plain HTTP.
     std::fs::write(tg.config_path(), cfg.replace(&front.url(), plain)).unwrap();
-    let ages: Vec<(String, Option<i64>)> = tg
-        .rows("nodes/Person")
-        .await
-        .into_iter()
-        .map(|(id, r)| (id, r["age"].as_i64()))
-        .collect();
+    let ages = tg.person_ages().await;
     let want: Vec<(String, Option<i64>)> = people
         .iter()
         .map(|(n, a)| (n.to_string(), Some(*a)))

@@ -25,7 +25,6 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::json;
 
 use crate::binary::Running;
-use crate::cluster::graphsink_acls;
 use crate::harness::{read_table, unique};
 
 /// `@unique` gives a fold reject per round: two names, one email.
@@ -113,7 +112,7 @@ impl Secured {
 
     /// The ACLs docs/security.md lists, for this graph.
     fn acls(&self) -> Vec<Acl> {
-        graphsink_acls("graphsink", &[&self.topic], &self.group, &self.dlq)
+        Acl::graphsink_needs("graphsink", &[&self.topic], &self.group, &self.dlq)
     }
 
     /// One round of records: good ones, one that is no JSON (a record

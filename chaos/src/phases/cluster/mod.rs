@@ -152,7 +152,7 @@ impl Cluster {
                 acls.push(Acl::allow("producer", op, ResourceType::Topic, t));
             }
         }
-        acls.extend(graphsink_acls(
+        acls.extend(Acl::graphsink_needs(
             "graphsink",
             &mapped,
             &group,
@@ -267,33 +267,6 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-}
-
-/// What graphsink's principal needs (docs/security.md, "The ACLs graphsink
-/// needs"; the e2e test tests/e2e/cluster.rs grants the same list).
-fn graphsink_acls(user: &str, topics: &[&str], group: &str, dlq: &str) -> Vec<Acl> {
-    let mut acls: Vec<Acl> = topics
-        .iter()
-        .map(|t| Acl::allow(user, Operation::Read, ResourceType::Topic, t))
-        .collect();
-    acls.push(Acl::allow(
-        user,
-        Operation::Read,
-        ResourceType::Group,
-        group,
-    ));
-    acls.push(Acl::allow(user, Operation::Write, ResourceType::Topic, dlq));
-    acls.push(Acl::allow(user, Operation::Read, ResourceType::Topic, dlq));
-    acls.push(
-        Acl::allow(
-            user,
-            Operation::Write,
-            ResourceType::TransactionalId,
-            "graphsink-fold-",
-        )
-        .prefixed(),
-    );
-    acls
 }
 
 /// A local graph root in the phase's directory.
