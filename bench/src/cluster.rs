@@ -174,13 +174,7 @@ impl BenchCluster {
                 Acl::allow(user, Operation::Read, ResourceType::Group, "bench-").prefixed(),
                 Acl::allow(user, Operation::Write, ResourceType::Topic, DEAD_LETTERS),
                 Acl::allow(user, Operation::Read, ResourceType::Topic, DEAD_LETTERS),
-                Acl::allow(
-                    user,
-                    Operation::Write,
-                    ResourceType::TransactionalId,
-                    "graphsink-fold-",
-                )
-                .prefixed(),
+                Acl::fold_transactions(user),
             ]);
         }
         acls.push(

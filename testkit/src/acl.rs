@@ -101,18 +101,21 @@ impl Acl {
         // before it produces them (docs/dead-letters.md).
         acls.push(Acl::allow(user, Operation::Write, ResourceType::Topic, dlq));
         acls.push(Acl::allow(user, Operation::Read, ResourceType::Topic, dlq));
-        // The fold-reject producer's transactional.id is graphsink-fold-<uuid
-        // v5 of the graph root>: a prefix grant covers every root.
-        acls.push(
-            Acl::allow(
-                user,
-                Operation::Write,
-                ResourceType::TransactionalId,
-                "graphsink-fold-",
-            )
-            .prefixed(),
-        );
+        acls.push(Acl::fold_transactions(user));
         acls
+    }
+
+    /// The fold-reject producer's transactions: its transactional.id is
+    /// graphsink-fold-<uuid v5 of the graph root>, so a prefix grant
+    /// covers every root.
+    pub fn fold_transactions(user: &str) -> Acl {
+        Acl::allow(
+            user,
+            Operation::Write,
+            ResourceType::TransactionalId,
+            "graphsink-fold-",
+        )
+        .prefixed()
     }
 }
 
