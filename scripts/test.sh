@@ -8,7 +8,8 @@
 # GRAPHSINK_TEST_BROKER_BACKEND=tansu runs the tests and the chaos short form
 # against tansu 0.6 instead (built once, about 13 minutes);
 # GRAPHSINK_TEST_BROKER_BACKEND=containers against Kafka in a container
-# (needs Docker; the test build always has that backend compiled in). A private Prometheus (Debian's package) is started for
+# (needs Docker; the test build always has that backend compiled in).
+# A private Prometheus (Debian's package) is started for
 # tests/e2e/ops.rs, and Apicurio Registry (a Confluent-compatible Schema
 # Registry, from Maven Central; GRAPHSINK_TEST_REGISTRY=URL takes another)
 # with Confluent's Python serializers for tests/e2e/formats.rs.
