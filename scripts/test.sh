@@ -97,7 +97,10 @@ if [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_LINT:-}" = 1 ]; then
     wait_prefetch
 fi
 
-trap 'stop_broker; stop_s3; stop_prometheus; stop_apicurio' EXIT
+# The chaos halves run in the background (below): a stopped run takes
+# them down too (each harness stops the brokers it started as it exits).
+trap 'for p in ${chaos_pids[@]:-}; do pkill -TERM -P "$p"; done 2>/dev/null
+      stop_broker; stop_s3; stop_prometheus; stop_apicurio' EXIT
 use_broker
 use_s3
 # The secured cluster's tests (testkit/src/cluster.rs, tests/e2e/cluster.rs)
@@ -149,11 +152,11 @@ if [ "$status" -eq 0 ] && [ "${GRAPHSINK_TEST_BROKER_BACKEND:-kafka}" = kafka ] 
 fi
 
 # The reliability harness's short form (RELIABILITY.md): a fixed seed, 33
-# kill -9 trials (every failpoint once), a broker freeze, a dead-letter outage, broker restarts and
-# a full disk, each checked by the independent checker; then the cluster
-# set's short form. It starts its own
-# brokers (it must freeze and restart them). Only for the whole suite (no
-# cargo arguments) or when GRAPHSINK_CHAOS=1.
+# kill -9 trials (every failpoint once), a broker freeze, a dead-letter
+# outage, broker restarts, a full disk, group members and schema changes,
+# each checked by the independent checker; then the cluster set's short
+# form. It starts its own brokers (it must freeze and restart them). Only
+# for the whole suite (no cargo arguments) or when GRAPHSINK_CHAOS=1.
 if [ "$status" -eq 0 ] && { [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_CHAOS:-}" = 1 ]; }; then
     chaos_broker=()
     case "${GRAPHSINK_TEST_BROKER_BACKEND:-kafka}" in
@@ -167,9 +170,20 @@ if [ "$status" -eq 0 ] && { [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_CHAO
     # The test build's features (the tests turn on the testkit's
     # `containers`): other features would rebuild Lance and its tree.
     cargo build --locked -p graphsink -p graphsink-chaos --bins --features graphsink-testkit/containers
-    log "graphsink-chaos short form (seed 1, ${chaos_broker[1]})"
-    "$CARGO_TARGET_DIR/debug/graphsink-chaos" --seed 1 --trials 33 --freezes "$freeze" \
-        --dead-letter-outage 5 --restarts 2 "${chaos_broker[@]}" || status=$?
+    # Two processes side by side, each with its own brokers: the phases
+    # mostly wait (on sessions, freezes, restarts; 0.6-0.9 of a core each),
+    # so the pair takes about the longer half's time, not the sum's. A
+    # phase's seed is its place in the set, the same as in one process.
+    log "graphsink-chaos short form (seed 1, ${chaos_broker[1]}): kills,disk beside freeze,dead-letters,restarts,members,migrate"
+    chaos_pids=()
+    for part in kills,disk freeze,dead-letters,restarts,members,migrate; do
+        ( set -o pipefail
+          "$CARGO_TARGET_DIR/debug/graphsink-chaos" --seed 1 --phases "$part" --trials 33 \
+              --freezes "$freeze" --dead-letter-outage 5 --restarts 2 "${chaos_broker[@]}" 2>&1 |
+              sed -u "s/^/[chaos ${part%%,*}] /" ) &
+        chaos_pids+=("$!")
+    done
+    for pid in "${chaos_pids[@]}"; do wait "$pid" || status=$?; done
     # The cluster set's short form (RELIABILITY.md, "Kafka cluster"): the
     # secured three-node cluster, a rolling restart of its brokers and a
     # kill -9 of the leader of graphsink's partitions, each under the live

@@ -109,11 +109,13 @@ async fn chaos(args: Args) -> Res<bool> {
             "   cluster of {n} ready in {:.0} s",
             started.elapsed().as_secs_f64()
         );
-        for (i, phase) in phases.iter().enumerate() {
+        for phase in &phases {
+            let i = place(phases::cluster::PHASES, phase);
             reports.push(run_phase(&env, Some(&mut c), i, phase).await);
         }
     } else {
-        for (i, phase) in phases.iter().enumerate() {
+        for phase in &phases {
+            let i = place(phases::SINGLE, phase);
             reports.push(run_phase(&env, None, i, phase).await);
         }
     }
@@ -238,7 +240,14 @@ fn tear_down_on_signal() {
     });
 }
 
-/// Phase `i` of the run, with a seed of its own, timed and printed.
+/// A phase's place in its set, which its seed is derived from: the same
+/// seed whether the whole set runs or `--phases` picks it out, so a
+/// failing phase replays alone (and CI can run the set in two processes).
+fn place(set: &[&str], phase: &str) -> usize {
+    set.iter().position(|p| *p == phase).unwrap_or(set.len())
+}
+
+/// Phase `i` of its set, with a seed of its own, timed and printed.
 async fn run_phase(
     env: &Env,
     cluster: Option<&mut phases::cluster::Cluster>,

@@ -109,6 +109,10 @@ impl Tail {
         let mut ends = BTreeMap::new();
         for p in 0..self.partitions {
             // Retried: right after a broker restart the first asks fail.
+            // Each retry asks for the topic's metadata first: a reader
+            // assigned before its topic existed, or across a broker freeze,
+            // can hold a cache that says "unknown partition" until its
+            // next periodic refresh (5 minutes), which no retry would reach.
             let mut tries = 0;
             let (_, hi) = loop {
                 match self
@@ -120,6 +124,9 @@ impl Tail {
                     Err(_) => {
                         tries += 1;
                         std::thread::sleep(Duration::from_secs(2));
+                        let _ = self
+                            .consumer
+                            .fetch_metadata(Some(topic), Duration::from_secs(10));
                     }
                 }
             };
