@@ -391,6 +391,23 @@ mod tests {
             r.fold_phases_paced
         );
         assert!(r.bare_durable_ack_latency.is_some());
+        // To visible: the graph commit holding every record was seen, and
+        // the run's parts add up within its wall (start included).
+        assert!(r.graphsink_records_per_s > 0.0 && r.graphsink_visible_secs > 0.0);
+        assert!(r.graphsink_durable_records_per_s > 0.0);
+        assert!(r.graphsink_start_to_first_secs >= 0.0);
+        assert!(r.graphsink_visible_to_exit_secs >= 0.0);
+        assert!(
+            r.graphsink_start_to_first_secs
+                + r.graphsink_visible_secs
+                + r.graphsink_visible_to_exit_secs
+                <= r.graphsink_wall_secs + 0.01,
+            "{} + {} + {} > {}",
+            r.graphsink_start_to_first_secs,
+            r.graphsink_visible_secs,
+            r.graphsink_visible_to_exit_secs,
+            r.graphsink_wall_secs
+        );
         assert!(r.fold_rows == 4000 && r.fold_upserted > 0);
         assert_eq!(r.graphsink_run_loop.rejected, 0, "{format}");
         assert!(r.decode_us_per_record > 0.0);

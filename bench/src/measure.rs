@@ -240,6 +240,32 @@ pub(crate) fn watch_published(
     (out, h)
 }
 
+/// When the graph first held every record below `ends` (slot → end
+/// offset): the first seen commit by which each partition's folded ranges
+/// reach its last record. A commit's ranges are its own fold's; the max
+/// over the commits so far is what the head holds.
+pub(crate) fn all_visible_at(published: &Published, topics: &Topics, ends: &[i64]) -> Option<f64> {
+    let mut reached = vec![false; ends.len()];
+    for (slot, &end) in ends.iter().enumerate() {
+        reached[slot] = end == 0;
+    }
+    for (t, c) in &published.seen {
+        for (slot, &end) in ends.iter().enumerate() {
+            let (topic, p) = topics.at(slot);
+            if c.offsets
+                .iter()
+                .any(|r| r.topic == topic && r.partition == p && r.last >= end - 1)
+            {
+                reached[slot] = true;
+            }
+        }
+        if reached.iter().all(|r| *r) {
+            return Some(*t);
+        }
+    }
+    None
+}
+
 /// Per record: the first seen commit at or after which it is in the graph.
 pub(crate) fn visible_latencies(
     published: &Published,

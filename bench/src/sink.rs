@@ -42,6 +42,22 @@ pub(crate) struct BacklogRun {
     #[serde(default)]
     pub cpu_secs: Option<f64>,
     pub threads: Vec<GroupCpu>,
+    /// First fetch → the graph commit that holds every record (seen by
+    /// the publish watch): the rate "to visible" is `timed_records` over it.
+    /// None with folding off.
+    #[serde(default)]
+    pub visible_secs: Option<f64>,
+    /// The process's spawn (the phase's start in process) → the first
+    /// record fetched.
+    #[serde(default)]
+    pub start_to_first_secs: f64,
+    /// That last graph commit → `run --exit-at-end` returned.
+    #[serde(default)]
+    pub visible_to_exit_secs: Option<f64>,
+    /// Spawn → exit: the run as a process, start included (the peers'
+    /// "wall" figure). In process: phase start → return.
+    #[serde(default)]
+    pub wall_secs: f64,
 }
 
 /// Where graphsink's run loop spent the run (from `Metrics::totals`).
@@ -96,6 +112,7 @@ pub(crate) async fn backlog(
     cfg: Config,
     ends: &[i64],
     every: Duration,
+    started_ms: f64,
 ) -> Result<BacklogRun, BoxError> {
     measure::reset_peak_rss();
     let start_rss_mib = measure::rss_mib();
@@ -115,6 +132,7 @@ pub(crate) async fn backlog(
         kafka_statistics: false,
     };
     let summary = graphsink::run_with(cfg, opts, CancellationToken::new()).await?;
+    let returned = measure::now_ms();
     let peak_rss_mib = measure::peak_rss_mib();
     let samples = sampler.finish()?;
     let (first, before) = first.await?;
@@ -123,7 +141,10 @@ pub(crate) async fn backlog(
     watcher.await?;
     let end = measure::all_committed_at(&samples, ends)
         .ok_or("graphsink ended but its committed offsets never reached the end offsets")?;
-    let commits_published = published.lock().unwrap().seen.len();
+    let (commits_published, visible) = {
+        let p = published.lock().unwrap();
+        (p.seen.len(), measure::all_visible_at(&p, &t.topics, ends))
+    };
     Ok(BacklogRun {
         records: summary.records,
         timed_records: summary.records.saturating_sub(before),
@@ -139,11 +160,15 @@ pub(crate) async fn backlog(
         cpu_cores: None,
         cpu_secs: None,
         threads: Vec::new(),
+        visible_secs: visible.map(|v| (v - first) / 1e3),
+        start_to_first_secs: (first - started_ms) / 1e3,
+        visible_to_exit_secs: visible.map(|v| (returned - v) / 1e3),
+        wall_secs: (returned - started_ms) / 1e3,
     })
 }
 
 /// What a backlog phase needs, handed to its child process as JSON.
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct BacklogSpec {
     /// The config file `measure::graphsink_config` wrote.
     pub config: PathBuf,
@@ -154,6 +179,10 @@ pub(crate) struct BacklogSpec {
     pub broker_pid: Option<u32>,
     /// The bench's `--background-nice`, passed on to the child's runtime.
     pub background_nice: i32,
+    /// When the phase started (ms since the epoch): set as the child is
+    /// spawned, so its figures count the process's start.
+    #[serde(default)]
+    pub started_ms: f64,
 }
 
 /// One backlog phase with its CPU, in a fresh process of the bench's own
@@ -165,12 +194,18 @@ pub(crate) async fn backlog_phase(
     spec: &BacklogSpec,
     in_process: bool,
 ) -> Result<BacklogRun, BoxError> {
+    let mut spec = spec.clone();
+    spec.started_ms = measure::now_ms();
     if in_process {
-        return backlog_measured(spec).await;
+        return backlog_measured(&spec).await;
     }
     let path = spec.config.with_extension("backlog.json");
-    std::fs::write(&path, serde_json::to_vec(spec)?)?;
-    child("--backlog-child", &path, spec.background_nice).await
+    std::fs::write(&path, serde_json::to_vec(&spec)?)?;
+    let mut run: BacklogRun = child("--backlog-child", &path, spec.background_nice).await?;
+    // The child's own clock stops as run_with returns; the process ends
+    // after its drops and the JSON print: the parent's clock is the wall.
+    run.wall_secs = (measure::now_ms() - spec.started_ms) / 1e3;
+    Ok(run)
 }
 
 /// Runs the bench's own binary with `flag path` (and the bench's
@@ -200,7 +235,7 @@ pub(crate) async fn backlog_measured(spec: &BacklogSpec) -> Result<BacklogRun, B
     let cfg = Config::load(&spec.config)?;
     let cpu = crate::s3::SelfCpu::start();
     let threads = ThreadCpu::start(spec.broker_pid);
-    let mut run = backlog(&spec.target, cfg, &spec.ends, spec.every).await?;
+    let mut run = backlog(&spec.target, cfg, &spec.ends, spec.every, spec.started_ms).await?;
     run.cpu_cores = cpu.cores();
     run.cpu_secs = cpu.secs();
     run.threads = threads.finish();

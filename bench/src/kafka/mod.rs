@@ -84,6 +84,7 @@ pub(crate) async fn kafka_phases(a: &Args, dir: &Path) -> Result<Report, BoxErro
         r.broker_cpu("latency (paced)", &cpu);
     }
     r.ratio_graphsink_bare = r.graphsink_records_per_s / r.bare_records_per_s;
+    r.ratio_graphsink_bare_durable = r.graphsink_durable_records_per_s / r.bare_records_per_s;
     if r.direct_records_per_s > 0.0 {
         r.ratio_graphsink_direct = r.graphsink_records_per_s / r.direct_records_per_s;
     }
@@ -212,6 +213,7 @@ impl Run {
             every: self.every,
             broker_pid: self.broker_pid,
             background_nice: a.background_nice,
+            started_ms: 0.0,
         }
     }
 
