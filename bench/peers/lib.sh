@@ -30,12 +30,24 @@ measured() {
     local prefix="$1" b0 b1
     shift
     b0="$(proc_cpu_s "${_GS_BROKER_PID:-0}")"
-    /usr/bin/time -f '{"wall_s": %e, "user_s": %U, "sys_s": %S, "max_rss_kib": %M}' \
+    /usr/bin/time -f '{"wall_s": %e, "user_s": %U, "sys_s": %S, "max_rss_kib": %M, "exit": %x}' \
         -o "$prefix.time.json" "$@" >"$prefix.out" 2>"$prefix.err"
     local rc=$?
     b1="$(proc_cpu_s "${_GS_BROKER_PID:-0}")"
     printf '{"broker_cpu_s": %.3f}\n' "$(echo "$b1 - $b0" | bc -l)" >"$prefix.broker.json"
     return $rc
+}
+
+# graphsink_peer_config WORK GROUP ROOT: the bench's config of its
+# graphsink phase (in WORK, beside its schema), with GROUP and ROOT of its
+# own; prints the new file's path.
+graphsink_peer_config() {
+    local src
+    src="$(ls "$1"/bench-graphsink-*.toml 2>/dev/null | grep -v -- '-s3-' | head -n 1)"
+    [ -n "$src" ] || die "no bench-graphsink-*.toml in $1 (the bench's --work-dir)"
+    sed -e "s|^\"group.id\" = .*|\"group.id\" = \"$2\"|" -e "s|^root = .*|root = \"$3\"|" \
+        "$src" >"$1/$2.toml"
+    echo "$1/$2.toml"
 }
 
 # peers_start OUT_DEFAULT PEERS: the run's output folder (OUT_DEFAULT unless
@@ -46,14 +58,19 @@ peers_start() {
     mkdir -p "$out"
     bench_bin="$CARGO_TARGET_DIR/release/graphsink-bench"
     [ -x "$bench_bin" ] || die "no $bench_bin: build it first (BENCHMARKS.md, 'How to run it')"
+    graphsink_bin="$CARGO_TARGET_DIR/release/graphsink"
+    case ",$2," in
+        *,graphsink,*) [ -x "$graphsink_bin" ] ||
+            die "no $graphsink_bin: build it with the bench (cargo build --release -p graphsink -p graphsink-bench)" ;;
+    esac
     ensure_peers_venv
     local p
     for p in ${2//,/ }; do
         case "$p" in
-            python) ;;
+            graphsink|python) ;;
             kdi) source "$here/kdi/lib.sh"; ensure_kdi ;;
             iceberg) source "$here/iceberg/lib.sh"; ensure_iceberg ;;
-            *) die "unknown peer $p (python, kdi, iceberg)" ;;
+            *) die "unknown peer $p (graphsink, python, kdi, iceberg)" ;;
         esac
     done
     ensure_kafka

@@ -4,7 +4,7 @@
 # same topics with its own consumer group. See bench/peers/README.md.
 #
 #   bash bench/peers/run.sh [--records N] [--edge-fraction F] [--rounds R]
-#                           [--peers python,kdi,iceberg] [--out DIR]
+#                           [--peers graphsink,python,kdi,iceberg] [--out DIR]
 #                           [--iceberg-commit-s S]
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,6 +36,7 @@ for round in $(seq 1 "$rounds"); do
     log "round $round: graphsink-bench --records $records --edge-fraction $edge_fraction"
     "$bench_bin" --broker "$GRAPHSINK_TEST_BROKER" --records "$records" \
         --edge-fraction "$edge_fraction" --latency-rate 0 --json "$dir/bench.json" \
+        --work-dir "$dir/work" \
         >"$dir/bench.out" 2>"$dir/bench.err" || die "the bench failed: $dir/bench.err"
     topics="$(sed -n 's/^producing .* to \(.*\) \.\.\.$/\1/p' "$dir/bench.err")"
     nodes_topic="${topics%%, *}"
@@ -47,6 +48,12 @@ for round in $(seq 1 "$rounds"); do
         pdir="$dir/$p"
         mkdir -p "$pdir"
         case "$p" in
+            # graphsink as a user runs it: the release binary on the
+            # bench's own config (a group and a graph of its own), timed as
+            # a process like the peers: start and final fold included.
+            graphsink)
+                measured "$dir/$p" "$graphsink_bin" run --exit-at-end \
+                    --config "$(graphsink_peer_config "$dir/work" "peer-graphsink-$round-$$" "$pdir/graph")" ;;
             python)
                 measured "$dir/$p" "$PEERS_PYTHON" "$here/python/sink.py" \
                     --bootstrap "$GRAPHSINK_TEST_BROKER" --nodes-topic "$nodes_topic" \
@@ -55,7 +62,8 @@ for round in $(seq 1 "$rounds"); do
             kdi) run_kdi "$dir" "$pdir" "$nodes_topic" "$edges_topic" "$round" ;;
             iceberg) run_iceberg "$dir" "$pdir" "$nodes_topic" "$edges_topic" "$round" "$iceberg_commit_s" ;;
         esac || log "peer $p failed in round $round: see $dir/$p.err"
-        rm -rf "$pdir"/*.lance "$pdir"/warehouse "$pdir"/delta-* 2>/dev/null
+        rm -rf "$pdir"/*.lance "$pdir"/warehouse "$pdir"/delta-* "$pdir"/graph 2>/dev/null
     done
+    rm -rf "$dir/work"
 done
 "$PEERS_PYTHON" "$here/summarize.py" "$out" | tee "$out/summary.md"

@@ -70,6 +70,18 @@ def main(out):
             print(f"| {rdir.name} | {wl} | direct Lance load (bench, Rust) "
                   f"| {b['direct_records_per_s']:,.0f} | {b['direct_records_per_s'] / gs:.2f} "
                   f"| – | – | – | – | {b.get('direct_peak_rss_mib') or 0:.0f} | – | – |")
+        # graphsink's release binary, `run --exit-at-end` as a process on
+        # the bench's config (run.sh's `graphsink` peer): its wall, start
+        # and final fold included, as each peer's is.
+        t = load(rdir / "graphsink.time.json")
+        if t is not None:
+            br = load(rdir / "graphsink.broker.json") or {}
+            print(f"| {rdir.name} | {wl} | graphsink binary, as a process | – | – "
+                  f"| {n / t['wall_s']:,.0f} | – "
+                  f"| {(t['user_s'] + t['sys_s']) / n * 1e6:.1f} "
+                  f"| {br.get('broker_cpu_s', 0) / n * 1e6:.1f} "
+                  f"| {t['max_rss_kib'] / 1024:.0f} | – "
+                  f"| {'exit 0' if t.get('exit') == 0 else 'NO: exit ' + str(t.get('exit'))} |")
         want = {"nodes/Item": exp.get("nodes/Item", 0), "edges/Link": exp.get("edges/Link", 0)}
         for peer in ("python", "kdi", "iceberg", "iceberg-5s"):
             r = last_json(rdir / f"{peer}.out")
