@@ -236,6 +236,9 @@ impl FoldLoop {
             } = execute(&self.graph, &policies, &plan).await?;
             *spans = WrittenSpans::default();
             let executed = started.elapsed();
+            // The moment a reader can see it: the commit is in __manifest.
+            // The dead letters that follow are for the topic's consumers.
+            let _ = self.published.send(Some(commit.clone()));
             self.deliver(&commit, &rejects).await?;
             t.cut = cut.as_secs_f64();
             t.plan = (planned - cut).as_secs_f64();
@@ -251,7 +254,6 @@ impl FoldLoop {
                     &t,
                 )
                 .await;
-            let _ = self.published.send(Some(commit));
             if let Some(r) = &mut self.retention {
                 r.after_publish(&self.graph).await;
             }

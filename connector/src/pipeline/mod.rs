@@ -64,7 +64,8 @@ pub struct RunOptions {
     pub exit_at_end: bool,
     /// Notified to fold now (operators: SIGUSR1; tests).
     pub fold_now: Option<Arc<Notify>>,
-    /// Receives every graph commit the fold loop publishes.
+    /// Receives every graph commit the fold loop publishes, as it is put in
+    /// `__manifest` (before its dead letters go out).
     pub published: Option<watch::Sender<Option<GraphCommit>>>,
     /// Metrics, probe state and the run's totals (`Metrics::totals`),
     /// shared with the caller and whoever serves them (`http`).
