@@ -312,7 +312,7 @@ fn topics(a: &Args, run_id: &str) -> workload::Topics {
 /// How the figures were taken, for the report's notes.
 fn add_notes(a: &Args, r: &mut Report) {
     r.notes.push(format!(
-        "records/s: first fetch → all offsets committed (committed offsets sampled every {} ms); for graphsink the clock starts when the run's consumed total first moves and counts only the records after that first poll; durable-ack latency: record timestamp → first sample showing its offset committed (resolution {} ms + one OffsetFetch round trip; bounded below by offsets.commit_interval and wal.flush_interval)",
+        "records/s: the baselines, first fetch → all offsets committed (committed offsets sampled every {} ms); graphsink to visible, first fetch → the graph commit holding every record (seen by the publish watch as it enters __manifest), to durable, → all offsets committed; graphsink's clock starts when the run's consumed total first moves and counts only the records after that first poll; durable-ack latency: record timestamp → first sample showing its offset committed (resolution {} ms + one OffsetFetch round trip; bounded below by offsets.commit_interval and wal.flush_interval)",
         a.sample_ms, a.sample_ms
     ));
     r.notes.push(format!("peak RSS: VmHWM after resetting it (clear_refs 5) at the start of each phase; {}; the fold runs in a fresh child process, so its peak is its own (start = the child's RSS before folding)", if a.in_process {
