@@ -393,8 +393,10 @@ mod tests {
         assert!(r.bare_durable_ack_latency.is_some());
         // To visible: the graph commit holding every record was seen, and
         // the run's parts add up within its wall (start included).
-        assert!(r.graphsink_records_per_s > 0.0 && r.graphsink_visible_secs > 0.0);
-        assert!(r.graphsink_durable_records_per_s > 0.0);
+        // (A tiny backlog can arrive whole in the first poll, which the
+        // rates leave out: zero timed records is a rate of 0, not a fault.)
+        assert!(r.graphsink_visible_secs > 0.0 && r.graphsink_records_per_s.is_finite());
+        assert!(r.graphsink_durable_records_per_s.is_finite());
         assert!(r.graphsink_start_to_first_secs >= 0.0);
         assert!(r.graphsink_visible_to_exit_secs >= 0.0);
         assert!(
