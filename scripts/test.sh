@@ -97,10 +97,17 @@ if [ "${#cargo_args[@]}" -eq 0 ] || [ "${GRAPHSINK_LINT:-}" = 1 ]; then
     wait_prefetch
 fi
 
-# The chaos halves run in the background (below): a stopped run takes
-# them down too (each harness stops the brokers it started as it exits).
-trap 'for p in ${chaos_pids[@]:-}; do pkill -TERM -P "$p"; done 2>/dev/null
-      stop_broker; stop_s3; stop_prometheus; stop_apicurio' EXIT
+# Every server this run started is stopped on the way out, and the chaos
+# halves (run in the background below) are taken down too; each harness
+# stops the brokers it started. `set +e` first: under `set -e` a command
+# that fails here (a pkill that finds the harness already gone) would end
+# the trap before the servers are stopped, and leave them running.
+stop_all() {
+    set +e
+    for p in ${chaos_pids[@]:-}; do pkill -TERM -P "$p"; done 2>/dev/null
+    stop_broker; stop_s3; stop_prometheus; stop_apicurio
+}
+trap stop_all EXIT
 use_broker
 use_s3
 # The secured cluster's tests (testkit/src/cluster.rs, tests/e2e/cluster.rs)
