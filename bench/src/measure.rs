@@ -241,29 +241,28 @@ pub(crate) fn watch_published(
 }
 
 /// When the graph first held every record below `ends` (slot → end
-/// offset): the first seen commit by which each partition's folded ranges
-/// reach its last record. A commit's ranges are its own fold's; the max
-/// over the commits so far is what the head holds.
+/// offset): the latest of each partition's last record's first covering
+/// commit.
 pub(crate) fn all_visible_at(published: &Published, topics: &Topics, ends: &[i64]) -> Option<f64> {
-    let mut reached = vec![false; ends.len()];
-    for (slot, &end) in ends.iter().enumerate() {
-        reached[slot] = end == 0;
+    let mut at = 0f64;
+    for (slot, &end) in ends.iter().enumerate().filter(|(_, &e)| e > 0) {
+        let (topic, p) = topics.at(slot);
+        at = at.max(first_covering(published, topic, p, end - 1)?);
     }
-    for (t, c) in &published.seen {
-        for (slot, &end) in ends.iter().enumerate() {
-            let (topic, p) = topics.at(slot);
-            if c.offsets
-                .iter()
-                .any(|r| r.topic == topic && r.partition == p && r.last >= end - 1)
-            {
-                reached[slot] = true;
-            }
-        }
-        if reached.iter().all(|r| *r) {
-            return Some(*t);
-        }
-    }
-    None
+    Some(at)
+}
+
+/// When the first seen commit holding offset `off` of `topic`/`p` was seen.
+/// A missed commit's ranges are not in `seen`; a later one covering higher
+/// offsets of the partition also proves visibility (commits are
+/// cumulative: the head includes every earlier commit).
+fn first_covering(published: &Published, topic: &str, p: i32, off: i64) -> Option<f64> {
+    published.seen.iter().find_map(|(t, c)| {
+        c.offsets
+            .iter()
+            .any(|r| r.topic == topic && r.partition == p && r.last >= off)
+            .then_some(*t)
+    })
 }
 
 /// Per record: the first seen commit at or after which it is in the graph.
@@ -276,20 +275,7 @@ pub(crate) fn visible_latencies(
     let mut unseen = 0;
     for &(slot, off, ts) in records {
         let (topic, p) = topics.at(slot);
-        let mut found = None;
-        // A missed commit's ranges are not in `seen`; a later one covering
-        // higher offsets of the partition also proves visibility (commits
-        // are cumulative: the head includes every earlier commit).
-        for (t, c) in &published.seen {
-            if c.offsets
-                .iter()
-                .any(|r| r.topic == topic && r.partition == p && r.last >= off)
-            {
-                found = Some(*t);
-                break;
-            }
-        }
-        match found {
+        match first_covering(published, topic, p, off) {
             Some(t) => out.push(t - ts as f64),
             None => unseen += 1,
         }
